@@ -1,0 +1,315 @@
+"""The MoPPA unit (paper Sec. 3.2, Eqs. 7-11): pure PyTorch, no registry.
+
+For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
+
+    Y = IDCT2( DCT2(X) * (a1 exp(-k w^2 t_h) + a2 cos(c |w| t_w))
+               + a3 SD(w) / (w^2 + eta) )                              (Eq. 11)
+
+    k = k(w, head), c = c(w, head)            frequency x head
+    t_h, t_w = t(channel in head)             shared across heads
+    SD(w, channel) = H1(w, head) * H2(channel in head)
+    (a1, a2, a3) = softmax(lambda)            the router
+
+Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
+filter multiply and ONE additive field in the DCT domain. The filter and field do
+not depend on ``X``; in eval mode they are built once and reused until a
+parameter changes.
+"""
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .dct import dct2d, dct_frequencies, idct2d
+
+EXPERTS = ('heat', 'wave', 'poisson')
+RESIZE_MODES = ('bicubic', 'bilinear', 'nearest')
+
+
+def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    size = tuple(size)
+    if len(size) != 2:
+        raise ValueError(f'grid size must be an int or (H, W), got {size}')
+    return int(size[0]), int(size[1])
+
+
+def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
+                         mode: str = 'bicubic') -> torch.Tensor:
+    """Resample a frequency-indexed map (N, Hr, Wr) to the grid (N, H, W).
+
+    Frequencies are matched exactly: runtime index ``n`` (frequency ``pi n / H``)
+    reads reference position ``n * Hr / H`` (frequency ``pi n / H`` too), so the
+    DC term maps to the DC term. Positions past the last reference frequency
+    repeat the border.
+    """
+    ref_h, ref_w = param.shape[-2:]
+    h, w = size
+    if (h, w) == (ref_h, ref_w):
+        return param
+    if mode not in RESIZE_MODES:
+        raise ValueError(f'unknown resize mode {mode!r}, expected one of '
+                         f'{RESIZE_MODES}')
+
+    def normalised(n: int, ref: int) -> torch.Tensor:
+        # align_corners=True: -1 is reference index 0, +1 is index ref - 1.
+        src = torch.arange(n, device=param.device, dtype=param.dtype) * ref / n
+        return src * 2 / max(ref - 1, 1) - 1
+
+    grid_y = normalised(h, ref_h)  # (H,)
+    grid_x = normalised(w, ref_w)  # (W,)
+    grid = torch.stack(torch.meshgrid(grid_x, grid_y, indexing='xy'), dim=-1)
+    grid = grid.unsqueeze(0)  # (1, H, W, 2) as (x, y)
+    resized = F.grid_sample(
+        param.unsqueeze(0), grid, mode=mode, padding_mode='border',
+        align_corners=True)  # (1, N, H, W)
+    return resized.squeeze(0)
+
+
+class MoPPAUnit(nn.Module):
+    """Mixture of Physical Priors unit on a channel-last token grid.
+
+    Args:
+        embed_dims (int): Channels ``C`` of the input.
+        num_heads (int): MoPPA heads ``N``; ``C`` must divide by it.
+        grid_size (int | tuple[int, int]): Reference grid (Hr, Wr) on which the
+            frequency-indexed parameters k, c, H1 live (``L = Hr * Wr``). Other
+            grids at run time are served by resizing them (``resize_mode``).
+        eta (float): Stabiliser of the Poisson division. Defaults to 1e-3 (paper).
+        share_time (bool): If True, Heat and Wave share one learnable ``t`` per
+            channel; by default each has its own (the paper says "learnable t
+            values for Heat and Wave", which reads either way). Defaults to False.
+        coef_init (float): k and c start uniform in ``[0, coef_init)``, so both
+            filters start near 1. They must not start at exactly 0: the wave
+            filter ``cos(c |w| t)`` has zero gradient in c and t at c = 0.
+            Defaults to 1e-2.
+        time_init (float): Initial ``t``. Defaults to 1.0.
+        source_init_std (float): The Poisson factors H1 and H2 start normal with
+            this std (the paper's "randomly initialized" source, kept small so
+            the field starts near 0). Defaults to 1e-2.
+        resize_mode (str): Interpolation of k, c, H1 to another grid:
+            'bicubic' (default, as vHeat), 'bilinear' or 'nearest'.
+        experts (sequence of str): The priors in use, a subset of
+            ('heat', 'wave', 'poisson'), for ablations (paper Table 4). The
+            router spans only the experts in use. Defaults to all three.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 grid_size: Union[int, Sequence[int]],
+                 eta: float = 1e-3,
+                 share_time: bool = False,
+                 coef_init: float = 1e-2,
+                 time_init: float = 1.0,
+                 source_init_std: float = 1e-2,
+                 resize_mode: str = 'bicubic',
+                 experts: Sequence[str] = EXPERTS) -> None:
+        super().__init__()
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'embed_dims ({embed_dims}) must be divisible by '
+                             f'num_heads ({num_heads})')
+        if eta <= 0:
+            raise ValueError(f'eta must be > 0 (the DC term has w = 0), got {eta}')
+        if resize_mode not in RESIZE_MODES:
+            raise ValueError(f'unknown resize_mode {resize_mode!r}, expected one '
+                             f'of {RESIZE_MODES}')
+        unknown = [e for e in experts if e not in EXPERTS]
+        if unknown or not experts or len(set(experts)) != len(experts):
+            raise ValueError(f'experts must be distinct names from {EXPERTS}, '
+                             f'got {tuple(experts)}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.grid_size = _pair(grid_size)
+        self.eta = eta
+        self.share_time = share_time
+        self.coef_init = coef_init
+        self.time_init = time_init
+        self.source_init_std = source_init_std
+        self.resize_mode = resize_mode
+        self.experts = tuple(e for e in EXPERTS if e in experts)
+
+        freq_shape = (num_heads, *self.grid_size)  # (N, Hr, Wr)
+        if 'heat' in self.experts:
+            self.heat_coef = nn.Parameter(torch.empty(freq_shape))  # k
+            self.heat_time = nn.Parameter(torch.empty(self.head_dims))  # t
+        if 'wave' in self.experts:
+            self.wave_coef = nn.Parameter(torch.empty(freq_shape))  # c
+            if not (share_time and 'heat' in self.experts):
+                self.wave_time = nn.Parameter(torch.empty(self.head_dims))
+        if 'poisson' in self.experts:
+            self.source_freq = nn.Parameter(torch.empty(freq_shape))  # H1
+            self.source_channel = nn.Parameter(torch.empty(self.head_dims))  # H2
+        self.route_logits = nn.Parameter(torch.zeros(len(self.experts)))  # lambda
+
+        self.num_filter_builds = 0  # how often the filter/field were computed
+        self._eval_cache: Optional[Tuple[tuple, torch.Tensor, torch.Tensor]] = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Filters near 1, a small random source, a uniform router."""
+        with torch.no_grad():
+            for name in ('heat_coef', 'wave_coef'):
+                if hasattr(self, name):
+                    getattr(self, name).uniform_(0, self.coef_init)
+            for name in ('heat_time', 'wave_time'):
+                if hasattr(self, name):
+                    getattr(self, name).fill_(self.time_init)
+            if 'poisson' in self.experts:
+                self.source_freq.normal_(0, self.source_init_std)
+                self.source_channel.normal_(0, self.source_init_std)
+            self.route_logits.zero_()
+        self._eval_cache = None
+
+    # ------------------------------------------------------------------ router
+    def route_weights(self) -> torch.Tensor:
+        """``a = softmax(lambda)``, one weight per expert in use."""
+        return self.route_logits.softmax(dim=0)
+
+    def route_regularization(self) -> torch.Tensor:
+        """``L_reg = sum_i a_i log a_i`` (paper Eq. 12): the negative entropy of
+        the router, minimal when the experts are used evenly."""
+        return (self.route_logits.softmax(0) *
+                self.route_logits.log_softmax(0)).sum()
+
+    def _route(self) -> Dict[str, torch.Tensor]:
+        return dict(zip(self.experts, self.route_weights().unbind(0)))
+
+    # -------------------------------------------------------- filter and field
+    def _freq_param(self, name: str, size: Tuple[int, int]) -> torch.Tensor:
+        """A frequency-indexed parameter on the runtime grid, (H, W, N, 1)."""
+        param = resize_frequency_map(getattr(self, name), size, self.resize_mode)
+        return param.permute(1, 2, 0).unsqueeze(-1)  # (H, W, N, 1)
+
+    def _time(self, expert: str) -> torch.Tensor:
+        if expert == 'wave' and not hasattr(self, 'wave_time'):
+            return self.heat_time  # share_time
+        return getattr(self, f'{expert}_time')
+
+    def expert_filters(self, size: Tuple[int, int], device=None, dtype=None
+                       ) -> Dict[str, torch.Tensor]:
+        """Each expert's own term on grid ``size``, unweighted, each (H, W, C):
+        heat ``exp(-k w^2 t)``, wave ``cos(c |w| t)`` (multiplicative) and
+        poisson ``SD / (w^2 + eta)`` (additive)."""
+        h, w = size
+        device = device or self.route_logits.device
+        dtype = dtype or self.route_logits.dtype
+        omega_sq, omega_abs = dct_frequencies(h, w, device, dtype)
+        omega_sq = omega_sq[:, :, None, None]  # (H, W, 1, 1)
+        omega_abs = omega_abs[:, :, None, None]  # (H, W, 1, 1)
+        terms = {}
+        if 'heat' in self.experts:
+            k = self._freq_param('heat_coef', size)  # (H, W, N, 1)
+            terms['heat'] = torch.exp(-k * omega_sq * self._time('heat'))
+        if 'wave' in self.experts:
+            c = self._freq_param('wave_coef', size)  # (H, W, N, 1)
+            terms['wave'] = torch.cos(c * omega_abs * self._time('wave'))
+        if 'poisson' in self.experts:
+            source = self._freq_param('source_freq', size) * self.source_channel
+            terms['poisson'] = source / (omega_sq + self.eta)  # (H, W, N, C/N)
+        return {name: t.reshape(h, w, self.embed_dims) for name, t in terms.items()}
+
+    def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The fused spectral filter and additive field of Eq. 11, each (H, W, C):
+        ``filter = a1 heat + a2 wave`` and ``field = a3 poisson``."""
+        self.num_filter_builds += 1
+        terms = self.expert_filters(size, device, dtype)
+        route = self._route()
+        weighted = {e: route[e].to(t.dtype) * t for e, t in terms.items()}
+        zeros = torch.zeros_like(next(iter(terms.values())))
+        spectral_filter = sum((weighted[e] for e in ('heat', 'wave') if e in weighted),
+                              zeros)
+        field = weighted.get('poisson', zeros)
+        return spectral_filter, field
+
+    def _param_state(self, size, device, dtype) -> tuple:
+        """Identifies the parameters' current values: any in-place update (an
+        optimizer step, ``load_state_dict``) bumps a tensor's ``_version``."""
+        return (size, device, dtype) + tuple(
+            (p.data_ptr(), p._version) for p in self.parameters())
+
+    def _cached_filter_and_field(self, size, device, dtype):
+        state = self._param_state(size, device, dtype)
+        if self._eval_cache is None or self._eval_cache[0] != state:
+            with torch.no_grad():
+                spectral_filter, field = self.filter_and_field(size, device, dtype)
+            self._eval_cache = (state, spectral_filter, field)
+        return self._eval_cache[1], self._eval_cache[2]
+
+    def train(self, mode: bool = True) -> 'MoPPAUnit':
+        self._eval_cache = None
+        return super().train(mode)
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (..., H, W, C), channel-last. Returns the same shape."""
+        if x.dim() < 3 or x.shape[-1] != self.embed_dims:
+            raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
+                             f'got {tuple(x.shape)}')
+        size = (x.shape[-3], x.shape[-2])
+        use_cache = not self.training and not (
+            torch.is_grad_enabled() and self.route_logits.requires_grad)
+        if use_cache:
+            spectral_filter, field = self._cached_filter_and_field(
+                size, x.device, x.dtype)
+        else:
+            spectral_filter, field = self.filter_and_field(size, x.device, x.dtype)
+        spectrum = dct2d(x)  # (..., H, W, C)
+        spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
+        return idct2d(spectrum)
+
+    # -------------------------------------------------------------- reporting
+    def parameter_breakdown(self) -> Dict[str, int]:
+        """Trainable parameters per expert; the formulas are
+        heat ``L*N + C/N``, wave ``L*N + C/N`` (``L*N`` if the time is shared),
+        poisson ``L*N + C/N`` and the router one per expert."""
+        groups = {
+            'heat': ('heat_coef', 'heat_time'),
+            'wave': ('wave_coef', 'wave_time'),
+            'poisson': ('source_freq', 'source_channel'),
+            'router': ('route_logits', ),
+        }
+        return {
+            group: sum(getattr(self, n).numel() for n in names if hasattr(self, n))
+            for group, names in groups.items()
+        }
+
+    def extra_repr(self) -> str:
+        return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
+                f'grid_size={self.grid_size}, experts={self.experts}, '
+                f'eta={self.eta}, share_time={self.share_time}, '
+                f'resize_mode={self.resize_mode!r}')
+
+
+def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
+    """The schedule of paper Eq. 13: ``w * max(1 - 2T / T_total, 0)``.
+
+    ``progress`` is the current epoch (or iteration), ``total`` the number of
+    epochs (or iterations).
+    """
+    if total <= 0:
+        raise ValueError(f'total must be > 0, got {total}')
+    return base_weight * max(1.0 - 2.0 * progress / total, 0.0)
+
+
+def moppa_units(module: nn.Module):
+    """All MoPPA units inside ``module``."""
+    return [m for m in module.modules() if isinstance(m, MoPPAUnit)]
+
+
+def route_regularization(module: nn.Module) -> torch.Tensor:
+    """``L_reg`` averaged over all MoPPA units inside ``module``."""
+    units = moppa_units(module)
+    if not units:
+        raise ValueError(f'{type(module).__name__} holds no MoPPAUnit')
+    return torch.stack([u.route_regularization() for u in units]).mean()
+
+
+__all__ = [
+    'MoPPAUnit', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
+    'route_regularization', 'EXPERTS'
+]

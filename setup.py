@@ -1,0 +1,74 @@
+"""Packaging for moppa_mm.
+
+``configs/`` and ``tools/`` are shipped inside the package as ``moppa_mm/.mim/``
+(the OpenMMLab convention), so ``_base_ = 'moppa_mm::...'`` resolves after install.
+"""
+import os
+import os.path as osp
+import shutil
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.develop import develop
+
+ROOT = osp.dirname(osp.abspath(__file__))
+MIM_DIRS = ('configs', 'tools')
+
+
+def add_mim_extension(mode: str) -> None:
+    """Expose configs/ and tools/ under moppa_mm/.mim (symlinks for editable installs)."""
+    mim_root = osp.join(ROOT, 'moppa_mm', '.mim')
+    os.makedirs(mim_root, exist_ok=True)
+    for name in MIM_DIRS:
+        src, dst = osp.join(ROOT, name), osp.join(mim_root, name)
+        if osp.islink(dst) or osp.isfile(dst):
+            os.remove(dst)
+        elif osp.isdir(dst):
+            shutil.rmtree(dst)
+        if mode == 'symlink':
+            os.symlink(osp.relpath(src, mim_root), dst)
+        else:
+            shutil.copytree(src, dst)
+
+
+class BuildPy(build_py):
+
+    def run(self):
+        add_mim_extension('copy')
+        super().run()
+
+
+class Develop(develop):
+
+    def run(self):
+        add_mim_extension('symlink')
+        super().run()
+
+
+setup(
+    name='moppa_mm',
+    version='0.1.0',
+    description='MoPPA (Mixture of Physical Priors Adapter, CVPR 2025) for '
+    'MMDetection and MMPretrain',
+    long_description=open(osp.join(ROOT, 'README.md')).read()
+    if osp.exists(osp.join(ROOT, 'README.md')) else '',
+    long_description_content_type='text/markdown',
+    packages=find_packages(exclude=('tests', 'tests.*')),
+    include_package_data=True,
+    package_data={'moppa_mm': ['.mim/configs/**/*', '.mim/tools/**/*']},
+    python_requires='>=3.8',
+    install_requires=[
+        'torch>=2.0',
+        'mmengine>=0.10.0,<1.0',
+        'mmcv>=2.0.0,<2.2.0',  # mmdet 3.3.0 asserts mmcv < 2.2.0
+        'mmdet>=3.3.0,<3.4.0',
+        'mmpretrain>=1.2.0,<1.3.0',
+        'pycocotools>=2.0.7',
+        'setuptools<81',  # pkg_resources, imported by mmengine for `mmdet::` bases
+        'numpy',
+        'scipy',
+    ],
+    extras_require={'tests': ['pytest>=7', 'scipy>=1.10']},
+    cmdclass={'build_py': BuildPy, 'develop': Develop},
+    zip_safe=False,
+)

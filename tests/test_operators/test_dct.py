@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+
+from moppa_mm.operators import dct2d, dct_basis, dct_frequencies, idct2d
+
+
+@pytest.mark.parametrize('shape', [(2, 1, 9, 3), (1, 7, 7, 4), (3, 14, 14, 2),
+                                   (1, 50, 68, 3), (2, 5, 1, 2)])
+def test_dct_matches_scipy(shape):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape)
+    ours = dct2d(torch.from_numpy(x)).numpy()
+    ref = scipy.fft.dctn(x, type=2, axes=(1, 2), norm='ortho')
+    np.testing.assert_allclose(ours, ref, atol=1e-10, rtol=0)
+    ours_inv = idct2d(torch.from_numpy(x)).numpy()
+    ref_inv = scipy.fft.idctn(x, type=2, axes=(1, 2), norm='ortho')
+    np.testing.assert_allclose(ours_inv, ref_inv, atol=1e-10, rtol=0)
+
+
+def test_round_trip_is_identity_with_leading_dims():
+    x = torch.randn(2, 3, 11, 6, 5, dtype=torch.float64)  # (B, nW, H, W, C)
+    torch.testing.assert_close(idct2d(dct2d(x)), x, atol=1e-12, rtol=0)
+
+
+def test_basis_is_cached_and_orthonormal():
+    a = dct_basis(13, 'cpu', torch.float64)
+    assert dct_basis(13, 'cpu', torch.float64) is a
+    torch.testing.assert_close(a @ a.t(), torch.eye(13, dtype=torch.float64))
+    assert dct_basis(13, 'cpu', torch.float32).dtype == torch.float32
+
+
+def test_frequencies():
+    omega_sq, omega_abs = dct_frequencies(4, 6, dtype=torch.float64)
+    assert omega_sq.shape == (4, 6)
+    assert omega_sq[0, 0] == 0
+    assert torch.isclose(omega_sq[3, 5], torch.tensor((np.pi * 3 / 4)**2 +
+                                                      (np.pi * 5 / 6)**2,
+                                                      dtype=torch.float64))
+    torch.testing.assert_close(omega_abs**2, omega_sq)
+
+
+def test_autograd_through_dct():
+    x = torch.randn(1, 3, 5, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: idct2d(dct2d(t) * 2.0), (x, ))
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match='channel-last'):
+        dct2d(torch.randn(4, 4))
+    with pytest.raises(ValueError, match='>= 1'):
+        dct_basis(0)

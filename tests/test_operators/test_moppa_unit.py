@@ -1,0 +1,204 @@
+import math
+
+import numpy as np
+import pytest
+import scipy.fft
+import torch
+
+from moppa_mm.operators import (MoPPAUnit, dct2d, idct2d, resize_frequency_map,
+                                route_loss_weight, route_regularization)
+
+
+def make_unit(h=5, w=7, dims=6, heads=3, **kwargs):
+    torch.manual_seed(0)
+    unit = MoPPAUnit(dims, heads, (h, w), **kwargs).double()
+    with torch.no_grad():  # move away from the near-identity init
+        for p in unit.parameters():
+            p.uniform_(-0.5, 0.9)
+    return unit
+
+
+def cosine_mode(h, w, n, m, channels):
+    """A single orthonormal DCT-II mode (n, m) on every channel, (1, H, W, C)."""
+    spectrum = np.zeros((1, h, w, channels))
+    spectrum[0, n, m, :] = 1.0
+    return scipy.fft.idctn(spectrum, type=2, axes=(1, 2), norm='ortho')
+
+
+@pytest.mark.parametrize('n,m', [(0, 0), (1, 3), (4, 6), (2, 0)])
+def test_heat_decays_single_mode_exactly(n, m):
+    h, w = 5, 7
+    unit = make_unit(h, w, experts=('heat', ))
+    x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
+    y = unit(x).detach().numpy()
+    omega_sq = (math.pi * n / h)**2 + (math.pi * m / w)**2
+    k = unit.heat_coef.detach().numpy()[:, n, m]  # (N,)
+    t = unit.heat_time.detach().numpy()  # (C/N,)
+    decay = np.exp(-k[:, None] * omega_sq * t[None, :]).reshape(-1)  # (C,)
+    # a single expert: the router weight is 1
+    np.testing.assert_allclose(y, x.numpy() * decay, atol=1e-12)
+
+
+@pytest.mark.parametrize('n,m', [(0, 2), (3, 3), (4, 1)])
+def test_wave_oscillates_single_mode_exactly(n, m):
+    h, w = 5, 7
+    unit = make_unit(h, w, experts=('wave', ))
+    x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
+    y = unit(x).detach().numpy()
+    omega = math.sqrt((math.pi * n / h)**2 + (math.pi * m / w)**2)
+    c = unit.wave_coef.detach().numpy()[:, n, m]
+    t = unit.wave_time.detach().numpy()
+    factor = np.cos(c[:, None] * omega * t[None, :]).reshape(-1)
+    np.testing.assert_allclose(y, x.numpy() * factor, atol=1e-12)
+
+
+def test_poisson_field_matches_independent_computation():
+    h, w, dims, heads = 6, 4, 8, 2
+    unit = make_unit(h, w, dims, heads, experts=('poisson', ))
+    x = torch.randn(2, h, w, dims, dtype=torch.float64)
+    y = unit(x).detach().numpy()
+    h1 = unit.source_freq.detach().numpy()  # (N, H, W)
+    h2 = unit.source_channel.detach().numpy()  # (C/N,)
+    source = np.einsum('nhw,d->hwnd', h1, h2).reshape(h, w, dims)
+    wy, wx = np.meshgrid(np.pi * np.arange(h) / h, np.pi * np.arange(w) / w,
+                         indexing='ij')
+    field = source / ((wy**2 + wx**2)[..., None] + 1e-3)
+    expected = scipy.fft.idctn(field, type=2, axes=(0, 1), norm='ortho')
+    # Poisson alone ignores X (Eq. 9): the output is the potential field.
+    np.testing.assert_allclose(y, np.broadcast_to(expected, y.shape), atol=1e-10)
+
+
+def test_fused_unit_equals_sum_of_experts():
+    """Eq. 11 (one filter, one field) equals Eq. 10 (three round trips)."""
+    unit = make_unit(5, 7, 6, 3)
+    x = torch.randn(3, 5, 7, 6, dtype=torch.float64)
+    terms = unit.expert_filters((5, 7))
+    a = unit.route_weights()
+    heat = idct2d(dct2d(x) * terms['heat'])
+    wave = idct2d(dct2d(x) * terms['wave'])
+    poisson = idct2d(terms['poisson'].expand_as(x))
+    expected = a[0] * heat + a[1] * wave + a[2] * poisson
+    torch.testing.assert_close(unit(x), expected, atol=1e-12, rtol=0)
+
+
+def test_gradcheck_every_parameter():
+    unit = make_unit(3, 4, 4, 2)
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    names, params = zip(*unit.named_parameters())
+    assert set(names) == {'heat_coef', 'heat_time', 'wave_coef', 'wave_time',
+                          'source_freq', 'source_channel', 'route_logits'}
+
+    def run(inp, *ps):
+        state = dict(zip(names, ps))
+        return torch.func.functional_call(unit, state, (inp, ))
+
+    assert torch.autograd.gradcheck(run, (x, *params))
+
+
+def test_gradcheck_through_resizing():
+    unit = make_unit(3, 4, 4, 2)
+    x = torch.randn(1, 5, 6, 4, dtype=torch.float64)
+    names, params = zip(*unit.named_parameters())
+    run = lambda *ps: torch.func.functional_call(unit, dict(zip(names, ps)), (x, ))
+    assert torch.autograd.gradcheck(run, params)
+
+
+@pytest.mark.parametrize('share_time', [False, True])
+def test_parameter_counts_follow_formulas(share_time):
+    h, w, dims, heads = 14, 14, 768, 12
+    unit = MoPPAUnit(dims, heads, (h, w), share_time=share_time)
+    L, N, D = h * w, heads, dims
+    counts = unit.parameter_breakdown()
+    print('\nMoPPA unit 14x14x768, 12 heads:', counts, 'total', sum(counts.values()))
+    assert counts['heat'] == L * N + D // N
+    assert counts['wave'] == L * N + (0 if share_time else D // N)
+    assert counts['poisson'] == L * N + D // N  # instead of L * D
+    assert counts['router'] == 3
+    assert sum(counts.values()) == sum(p.numel() for p in unit.parameters())
+
+
+def test_initialisation_is_near_identity_scaled_by_router():
+    """At init heat ~ wave ~ 1, the field ~ 0 and the router uniform: the unit
+    returns about (a1 + a2) X = 2/3 X (documented; backbones report the drift)."""
+    torch.manual_seed(0)
+    unit = MoPPAUnit(64, 4, (7, 7))
+    torch.testing.assert_close(unit.route_weights(), torch.full((3, ), 1 / 3))
+    x = torch.randn(2, 7, 7, 64)
+    rel = (unit(x) - 2 / 3 * x).norm() / (2 / 3 * x).norm()
+    assert rel < 0.15, rel
+    # the wave expert is not stuck at its stationary point c = 0
+    unit(x).sum().backward()
+    assert unit.wave_coef.grad.abs().sum() > 0
+    assert unit.wave_time.grad.abs().sum() > 0
+
+
+def test_eval_caches_filter_until_parameters_change():
+    unit = make_unit(5, 7, 6, 3).eval()
+    x = torch.randn(2, 5, 7, 6, dtype=torch.float64)
+    with torch.no_grad():
+        first = unit(x)
+        builds = unit.num_filter_builds
+        second = unit(x)
+        assert unit.num_filter_builds == builds  # reused
+        torch.testing.assert_close(first, second)
+        unit.route_logits[0].add_(0.3)  # a parameter changes in place
+        third = unit(x)
+        assert unit.num_filter_builds == builds + 1
+        assert not torch.allclose(first, third)
+        unit(torch.randn(1, 4, 4, 6, dtype=torch.float64))  # another grid
+        assert unit.num_filter_builds == builds + 2
+        unit.load_state_dict({k: v + 1 for k, v in unit.state_dict().items()})
+        unit(x)
+        assert unit.num_filter_builds == builds + 3
+    unit.train()
+    unit(x)
+    unit(x)
+    assert unit.num_filter_builds == builds + 5  # training always rebuilds
+
+
+def test_resize_is_frequency_exact():
+    param = torch.randn(2, 4, 6, dtype=torch.float64)
+    assert resize_frequency_map(param, (4, 6)) is param
+    doubled = resize_frequency_map(param, (8, 12), mode='bicubic')
+    # runtime frequency pi*2n/8 == reference frequency pi*n/4
+    torch.testing.assert_close(doubled[:, ::2, ::2], param)
+    assert resize_frequency_map(param, (3, 5)).shape == (2, 3, 5)
+    constant = torch.full((1, 4, 4), 2.5)
+    torch.testing.assert_close(resize_frequency_map(constant, (9, 2)),
+                               torch.full((1, 9, 2), 2.5))
+
+
+def test_route_regularization_and_schedule():
+    unit = MoPPAUnit(4, 2, 3)
+    # uniform router: sum a log a = log(1/3), the minimum
+    assert math.isclose(unit.route_regularization().item(), math.log(1 / 3),
+                        rel_tol=1e-6)
+    with torch.no_grad():
+        unit.route_logits.copy_(torch.tensor([5.0, 0.0, -1.0]))
+    a = torch.tensor([5.0, 0.0, -1.0]).softmax(0)
+    assert math.isclose(unit.route_regularization().item(),
+                        (a * a.log()).sum().item(), rel_tol=1e-6)
+    two = torch.nn.Sequential(unit, MoPPAUnit(4, 2, 3))
+    expected = (unit.route_regularization() + math.log(1 / 3)) / 2
+    torch.testing.assert_close(route_regularization(two), expected)
+    assert route_loss_weight(0.5, 0, 10) == 0.5
+    assert route_loss_weight(0.5, 2, 10) == pytest.approx(0.3)
+    assert route_loss_weight(0.5, 5, 10) == 0
+    assert route_loss_weight(0.5, 9, 10) == 0
+    with pytest.raises(ValueError, match='total'):
+        route_loss_weight(1, 0, 0)
+    with pytest.raises(ValueError, match='holds no MoPPAUnit'):
+        route_regularization(torch.nn.Linear(2, 2))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match='divisible by num_heads'):
+        MoPPAUnit(10, 3, 4)
+    with pytest.raises(ValueError, match='eta'):
+        MoPPAUnit(4, 2, 4, eta=0)
+    with pytest.raises(ValueError, match='resize_mode'):
+        MoPPAUnit(4, 2, 4, resize_mode='area')
+    with pytest.raises(ValueError, match='experts'):
+        MoPPAUnit(4, 2, 4, experts=('heat', 'fire'))
+    with pytest.raises(ValueError, match=r'\(\.\.\., H, W, 4\)'):
+        MoPPAUnit(4, 2, 4)(torch.randn(1, 4, 4, 5))
