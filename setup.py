@@ -34,7 +34,9 @@ def add_mim_extension(mode: str) -> None:
 class BuildPy(build_py):
 
     def run(self):
-        add_mim_extension('copy')
+        # PEP 660 editable installs run build_py with editable_mode=True
+        add_mim_extension('symlink' if getattr(self, 'editable_mode', False)
+                          else 'copy')
         super().run()
 
 

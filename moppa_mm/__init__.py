@@ -1,1 +1,14 @@
-__version__ = "0.1.0"
+"""moppa_mm: MoPPA (Mixture of Physical Priors Adapter) for OpenMMLab.
+
+Importing the package registers its backbones in mmdet's (and mmpretrain's)
+MODELS and its hooks in mmengine's HOOKS; configs do it with
+``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
+"""
+from .utils.torchvision_compat import ensure_torchvision_importable
+
+ensure_torchvision_importable()  # before anything imports torchvision
+
+from . import engine, models  # noqa: E402,F401
+from .utils import distributed  # noqa: E402,F401  (registers CPUDistributedDataParallel)
+
+__version__ = '0.1.0'

@@ -26,6 +26,7 @@ fi
 start=$(date +%s)
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --no-input)
+export PATH="$VENV/bin:$PATH"  # the venv's ninja: mmcv's ops then build in parallel
 
 # 1. Build tools and torch. setuptools < 81 keeps pkg_resources (mmcv's setup.py and
 #    mmengine's `mmdet::` config bases import it).
@@ -42,6 +43,12 @@ fi
 
 # 3. The rest of the stack and moppa_mm itself (editable), with the test extras.
 "${PIP[@]}" -q -e "$ROOT[tests]"
+
+# 4. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
+#    imported (DESIGN.md §5): arm moppa_mm's import hook at interpreter start-up, so
+#    mmdet's and mmpretrain's own tools work too. A no-op where torchvision's ops load.
+"$VENV/bin/python" -m moppa_mm.utils.startup
+"$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"
 
 stamp_inputs > "$STAMP"
 echo "[install] done in $(( $(date +%s) - start )) s: $VENV"

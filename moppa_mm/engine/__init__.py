@@ -1,0 +1,3 @@
+from .hooks import AdapterCheckpointHook, PEFTFreezeHook, RouteRegularizationHook
+
+__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RouteRegularizationHook']

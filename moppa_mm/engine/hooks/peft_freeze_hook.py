@@ -1,0 +1,102 @@
+"""Audits, and where safe applies, which parameters a PEFT run trains."""
+from typing import Optional, Sequence, Tuple
+
+import torch.nn as nn
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from moppa_mm.utils.params import matches, parameter_table, set_trainable
+
+NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
+              nn.InstanceNorm2d)
+DEFAULT_COMPONENTS = (
+    ('backbone.moppa', ('backbone.*moppa*', )),
+    ('backbone.conv_adapter', ('backbone.*conv_adapter*', )),
+    ('backbone.scale_shift', ('backbone.*ssf_*', )),
+    ('backbone (pre-trained)', ('backbone.*', )),
+    ('neck', ('neck.*', )),
+    ('head', ('*head.*', )),
+)
+
+
+@HOOKS.register_module()
+class PEFTFreezeHook(Hook):
+    """Freezes the pre-trained parameters and keeps the adapters trainable.
+
+    A parameter trains unless it matches ``frozen`` and none of ``trainable``.
+    DDP is set up inside ``Runner.__init__``, before any hook runs, and flipping
+    ``requires_grad`` afterwards breaks it; MoPPA backbones therefore freeze
+    themselves when built, and this hook only audits. It applies the patterns
+    itself where that is safe (a model not wrapped for DDP) and otherwise
+    fails with the list of offending parameters. At train start it logs a table
+    (total / trainable / share per component) and keeps every normalisation
+    layer whose parameters are all frozen in eval mode.
+
+    Args:
+        trainable (Sequence[str]): fnmatch patterns that stay trainable.
+        frozen (Sequence[str]): fnmatch patterns to freeze. Defaults to the
+            whole backbone.
+        components (Sequence[tuple], optional): ``(name, patterns)`` groups of
+            the table. Defaults to MoPPA / conv adapter / scale-shift /
+            pre-trained backbone / neck / head.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self,
+                 trainable: Sequence[str] = ('backbone.*moppa*',
+                                             'backbone.*conv_adapter*',
+                                             'backbone.*ssf_*'),
+                 frozen: Sequence[str] = ('backbone.*', ),
+                 components: Optional[Sequence[Tuple[str, Sequence[str]]]] = None
+                 ) -> None:
+        assert isinstance(trainable, (list, tuple)), \
+            f'trainable must be a list of patterns, got {type(trainable)}'
+        assert isinstance(frozen, (list, tuple)), \
+            f'frozen must be a list of patterns, got {type(frozen)}'
+        self.trainable = tuple(trainable)
+        self.frozen = tuple(frozen)
+        self.components = tuple(components or DEFAULT_COMPONENTS)
+        self._frozen_norms = []
+
+    def _wanted(self, name: str) -> bool:
+        return not matches(name, self.frozen) or matches(name, self.trainable)
+
+    def before_train(self, runner) -> None:
+        wrapped = is_model_wrapper(runner.model)
+        model = runner.model.module if wrapped else runner.model
+        wrong = [n for n, p in model.named_parameters()
+                 if p.requires_grad != self._wanted(n)]
+        if wrong:
+            if wrapped:
+                raise RuntimeError(
+                    f'PEFTFreezeHook: {len(wrong)} parameters disagree with the '
+                    f'patterns (first: {wrong[:5]}) but the model is already '
+                    'wrapped for distributed training, where requires_grad can '
+                    'no longer change. Settle it when the model is built (the '
+                    'MoPPA backbones freeze themselves) or fix the patterns.')
+            set_trainable(model, self.trainable, self.frozen)
+            runner.logger.info(f'PEFTFreezeHook: changed requires_grad of '
+                               f'{len(wrong)} parameters')
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        assert trainable, 'PEFTFreezeHook: no parameter is left trainable'
+        self._frozen_norms = [
+            m for m in model.modules() if isinstance(m, NORM_TYPES)
+            and any(True for _ in m.parameters())
+            and not any(p.requires_grad for p in m.parameters())
+        ]
+        self._set_frozen_norms_eval()
+        table, _ = parameter_table(model, self.components,
+                                   title=f'Trainable parameters of '
+                                   f'{type(model).__name__}')
+        runner.logger.info('\n' + table)
+
+    def _set_frozen_norms_eval(self) -> None:
+        for norm in self._frozen_norms:
+            norm.eval()
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        # loops call model.train() at each epoch and after validation
+        self._set_frozen_norms_eval()

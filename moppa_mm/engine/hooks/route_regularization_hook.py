@@ -1,0 +1,73 @@
+"""Adds the scheduled route regularisation to any model's loss dict."""
+from typing import Optional
+
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+from mmengine.runner import EpochBasedTrainLoop
+
+from moppa_mm.operators import moppa_units, route_loss_weight, route_regularization
+
+
+@HOOKS.register_module()
+class RouteRegularizationHook(Hook):
+    """Adds ``loss_route = w * max(1 - 2T / T_total, 0) * L_reg`` (paper Eq. 13).
+
+    ``L_reg`` is ``sum_i a_i log a_i`` averaged over every MoPPA unit of the
+    model. ``T`` is the epoch for epoch-based loops and the iteration for
+    iteration-based ones. The loss reaches the loss dict through a forward hook
+    on the unwrapped model (``mode='loss'``), so any mmdet detector or mmpretrain
+    classifier works without subclassing; mmengine sums every ``loss*`` key.
+
+    Args:
+        loss_weight (float): ``w``. Defaults to 1.0.
+        by_epoch (bool, optional): Schedule on epochs (True) or iterations
+            (False). Defaults to the train loop's own kind.
+    """
+
+    priority = 'NORMAL'
+
+    def __init__(self, loss_weight: float = 1.0,
+                 by_epoch: Optional[bool] = None) -> None:
+        assert loss_weight >= 0, f'loss_weight must be >= 0, got {loss_weight}'
+        self.loss_weight = loss_weight
+        self.by_epoch = by_epoch
+        self.current_weight = loss_weight
+        self._handle = None
+
+    def before_train(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        num_units = len(moppa_units(model))
+        assert num_units > 0, (f'RouteRegularizationHook: {type(model).__name__} '
+                               'holds no MoPPA unit; remove the hook or use a '
+                               'MoPPA backbone')
+        if self.by_epoch is None:
+            self.by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
+        self._handle = model.register_forward_hook(self._add_loss, with_kwargs=True)
+        runner.logger.info(f'RouteRegularizationHook: {num_units} MoPPA units, '
+                           f'w={self.loss_weight}, scheduled by '
+                           f'{"epoch" if self.by_epoch else "iteration"}')
+
+    def _update_weight(self, runner) -> None:
+        if self.by_epoch:
+            progress, total = runner.epoch, runner.max_epochs
+        else:
+            progress, total = runner.iter, runner.max_iters
+        self.current_weight = route_loss_weight(self.loss_weight, progress, total)
+        runner.message_hub.update_scalar('train/route_weight', self.current_weight)
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        self._update_weight(runner)
+
+    def _add_loss(self, module, args, kwargs, output):
+        if kwargs.get('mode') != 'loss' or not module.training:
+            return output
+        assert isinstance(output, dict), (
+            f'expected a loss dict from {type(module).__name__}, got {type(output)}')
+        output['loss_route'] = self.current_weight * route_regularization(module)
+        return output
+
+    def after_train(self, runner) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

@@ -1,0 +1,184 @@
+"""MoPPA Swin Transformer for MMDetection (paper Sec. 4, Table 5).
+
+A subclass of mmdet's ``SwinTransformer``: after ``super().__init__()`` every
+block gets a MoPPA unit before its (shifted-)window attention and a 3x3 conv
+adapter before its FFN. They are wired in with forward pre-hooks, so none of the
+base class's parameter names change and official checkpoints (and mmdet's Swin
+key conversion) load as they are; only adapter keys are new.
+"""
+from typing import Dict, Optional
+
+import torch.nn as nn
+from mmdet.models.backbones import SwinTransformer
+from mmdet.registry import MODELS
+
+from moppa_mm.operators import MoPPAUnit
+from moppa_mm.utils.params import parameter_table, set_trainable
+from ..layers import ConvAdapter
+
+SCOPES = ('window', 'global')
+ADAPTER_PATTERNS = ('*moppa*', '*conv_adapter*')
+
+
+class SwinMoPPAUnit(MoPPAUnit):
+    """A :class:`MoPPAUnit` with the forward pre-hooks that put it in a Swin
+    block. The hooks are bound methods, so ``copy.deepcopy`` of the backbone
+    (EMA, for one) rewires them to the copied units."""
+
+    enabled = True
+
+    def window_hook(self, w_msa: nn.Module, args: tuple):
+        """Before ``WindowMSA``: on the (shifted) windows the attention sees."""
+        if not self.enabled:
+            return None
+        windows, *rest = args  # (B*nW, Wh*Ww, C)
+        num_windows, _, channels = windows.shape
+        windows = self(windows.view(num_windows, *self.grid_size,
+                                    channels))  # (B*nW, Wh, Ww, C)
+        return (windows.view(num_windows, -1, channels), *rest)
+
+    def global_hook(self, attn: nn.Module, args: tuple):
+        """Before ``ShiftWindowMSA``: on the block's whole feature map."""
+        if not self.enabled:
+            return None
+        query, hw_shape = args  # (B, H*W, C), (H, W)
+        batch, _, channels = query.shape
+        query = self(query.view(batch, *hw_shape, channels))  # (B, H, W, C)
+        return query.view(batch, -1, channels), hw_shape
+
+
+class SwinConvAdapter(ConvAdapter):
+    """A :class:`ConvAdapter` with the pre-hooks that put it before a Swin FFN."""
+
+    enabled = True
+
+    def block_hook(self, block: nn.Module, args: tuple):
+        """``SwinBlock.forward(x, hw_shape)``: remember the grid for the FFN."""
+        self.hw_shape = tuple(args[1])
+        return None
+
+    def ffn_hook(self, ffn: nn.Module, args: tuple, kwargs: dict):
+        """Before ``FFN.forward(x, identity)``, after ``norm2``."""
+        if not self.enabled:
+            return None
+        x, *rest = args  # (B, H*W, C)
+        batch, _, channels = x.shape
+        x = self(x.view(batch, *self.hw_shape, channels))  # (B, H, W, C)
+        return (x.view(batch, -1, channels), *rest), kwargs
+
+
+@MODELS.register_module()
+class MoPPASwinTransformer(SwinTransformer):
+    """Swin Transformer with MoPPA units and conv adapters in every block.
+
+    All arguments of mmdet's ``SwinTransformer`` are accepted, plus:
+
+    Args:
+        moppa_scope (str): Where the unit's DCT runs. ``'window'`` (default): on
+            the same (shifted) windows the attention sees, so ``L`` is the
+            window's token count as in the paper's parameter formula, and no
+            resizing is needed. ``'global'``: on the block's whole feature map,
+            with frequency parameters on a reference grid (the stage's grid at
+            ``pretrain_img_size``) resized to the runtime grid.
+        moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
+            (``eta``, ``share_time``, ``experts``, ``resize_mode``, ...). The
+            unit uses the stage's attention heads as its heads.
+        adapter_ratio (float): Bottleneck of the conv adapter,
+            ``hidden = round(C / adapter_ratio)``. The default 7.25 puts Swin-B's
+            trainable backbone parameters (window 7) at 3.21M, +0.8% of the
+            paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M).
+        use_conv_adapter (bool): Add the conv adapters. Defaults to True.
+        freeze_pretrained (bool): Freeze every parameter except the adapters
+            when built, so that DDP sees the final trainable set. Defaults to True.
+    """
+
+    def __init__(self,
+                 *args,
+                 moppa_scope: str = 'window',
+                 moppa_cfg: Optional[dict] = None,
+                 adapter_ratio: float = 7.25,
+                 use_conv_adapter: bool = True,
+                 freeze_pretrained: bool = True,
+                 **kwargs) -> None:
+        if moppa_scope not in SCOPES:
+            raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
+                             f'of {SCOPES}')
+        if adapter_ratio <= 0:
+            raise ValueError(f'adapter_ratio must be > 0, got {adapter_ratio}')
+        moppa_cfg = dict(moppa_cfg or {})
+        for reserved in ('embed_dims', 'num_heads', 'grid_size'):
+            if reserved in moppa_cfg:
+                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
+                                 'backbone derives it from the stage')
+        super().__init__(*args, **kwargs)
+        self.moppa_scope = moppa_scope
+        self.moppa_cfg = moppa_cfg
+        self.adapter_ratio = adapter_ratio
+        self.use_conv_adapter = use_conv_adapter
+        pretrain_size = kwargs.get('pretrain_img_size', 224)
+        pretrain_size = pretrain_size if isinstance(pretrain_size, int) \
+            else pretrain_size[0]
+        patch_size = kwargs.get('patch_size', 4)
+        for stage_idx, stage in enumerate(self.stages):
+            global_grid = max(pretrain_size // (patch_size * 2**stage_idx), 1)
+            for block in stage.blocks:
+                self._add_adapters(block, global_grid)
+        if freeze_pretrained:
+            set_trainable(self, trainable=ADAPTER_PATTERNS)
+
+    # ------------------------------------------------------------ wiring
+    def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
+        w_msa = block.attn.w_msa
+        embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
+        if self.moppa_scope == 'window':
+            grid = tuple(w_msa.window_size)  # (Wh, Ww)
+            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid, **self.moppa_cfg)
+            w_msa.register_forward_pre_hook(block.moppa.window_hook)
+        else:
+            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, global_grid,
+                                        **self.moppa_cfg)
+            block.attn.register_forward_pre_hook(block.moppa.global_hook)
+        if self.use_conv_adapter:
+            hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
+            block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
+            # the FFN is called without the grid shape: take it from the block
+            block.register_forward_pre_hook(block.conv_adapter.block_hook)
+            block.ffn.register_forward_pre_hook(block.conv_adapter.ffn_hook,
+                                                with_kwargs=True)
+
+    @property
+    def adapters_enabled(self) -> bool:
+        """Whether the MoPPA units and conv adapters run (False: plain Swin)."""
+        return all(m.enabled for m in self._adapters())
+
+    @adapters_enabled.setter
+    def adapters_enabled(self, enabled: bool) -> None:
+        for module in self._adapters():
+            module.enabled = enabled
+
+    def _adapters(self):
+        return [m for m in self.modules()
+                if isinstance(m, (SwinMoPPAUnit, SwinConvAdapter))]
+
+    # ------------------------------------------------------ weights and stats
+    def init_weights(self) -> None:
+        """mmdet's Swin re-initialises every Linear when no checkpoint is given:
+        re-initialise the adapters after it."""
+        super().init_weights()
+        for module in self.modules():
+            if isinstance(module, (MoPPAUnit, ConvAdapter)):
+                module.reset_parameters()
+
+    def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
+        _, counts = parameter_table(self, (('moppa', ('*moppa*', )),
+                                           ('conv_adapter', ('*conv_adapter*', )),
+                                           ('pretrained', ('*', ))))
+        return counts
+
+    def parameter_report(self) -> str:
+        table, _ = parameter_table(
+            self, (('moppa units', ('*moppa*', )),
+                   ('conv adapters', ('*conv_adapter*', )),
+                   ('pre-trained Swin', ('*', ))),
+            title=f'{type(self).__name__} ({self.moppa_scope} scope)')
+        return table

@@ -1,0 +1,3 @@
+from .conv_adapter import ConvAdapter
+
+__all__ = ['ConvAdapter']
