@@ -65,7 +65,8 @@ def ensure_torchvision_importable() -> tuple:
         library = torch.library.Library('torchvision', 'FRAGMENT')
         for name in missing:
             library.define(_SCHEMAS[name])
-        _STATE['library'] = library  # the definitions live as long as this
+        # the definitions live as long as this object: keep the module imported
+        _STATE['library'] = library
     _STATE['defined'] = tuple(missing)
     return _STATE['defined']
 
@@ -83,6 +84,7 @@ class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
 def install_import_hook() -> None:
     """Arm the check for the first import of torchvision (cheap: imports nothing)."""
     if 'torchvision' in sys.modules or any(
-            isinstance(f, _TorchvisionImportHook) for f in sys.meta_path):
+            type(f).__name__ == _TorchvisionImportHook.__name__
+            for f in sys.meta_path):  # one hook, whichever copy of this module
         return
     sys.meta_path.insert(0, _TorchvisionImportHook())

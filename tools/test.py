@@ -1,0 +1,64 @@
+"""Evaluate a checkpoint (full or adapter-only): used like mmdet's tools/test.py.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
+        [--cfg-options k=v ...] [--launcher pytorch]
+"""
+import argparse
+import os
+import os.path as osp
+
+import moppa_mm  # noqa: F401  first: torchvision fix, registries
+from mmengine.config import Config, DictAction
+from mmengine.evaluator import DumpResults
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+from moppa_mm.utils.distributed import setup_distributed
+from moppa_mm.utils.preflight import check_config
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description='Test a MoPPA model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file (adapter-only or full)')
+    parser.add_argument('--work-dir', help='the dir to save logs and metrics')
+    parser.add_argument('--out', type=str,
+                        help='dump predictions to a pickle file (.pkl)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override settings of the config, xxx=yyy')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main():
+    args = parse_args()
+    if not osp.isfile(args.config):
+        raise FileNotFoundError(f'config file not found: {args.config!r}')
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    cfg.load_from = args.checkpoint
+
+    check_config(cfg, mode='test')
+    setup_distributed(cfg, args.launcher)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if args.out is not None:
+        assert args.out.endswith(('.pkl', '.pickle')), \
+            f'--out must be a .pkl file, got {args.out!r}'
+        runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
+    runner.test()
+
+
+if __name__ == '__main__':
+    main()
