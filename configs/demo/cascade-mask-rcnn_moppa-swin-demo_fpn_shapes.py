@@ -76,3 +76,4 @@ optim_wrapper = dict(optimizer=dict(lr=2e-4))
 default_hooks = dict(
     logger=dict(interval=4),
     checkpoint=dict(interval=1, max_keep_ckpts=2))
+randomness = dict(seed=0)

@@ -9,6 +9,7 @@ key conversion) load as they are; only adapter keys are new.
 from typing import Dict, Optional
 
 import torch.nn as nn
+from mmengine.config import ConfigDict
 from mmdet.models.backbones import SwinTransformer
 from mmdet.registry import MODELS
 
@@ -110,6 +111,9 @@ class MoPPASwinTransformer(SwinTransformer):
             if reserved in moppa_cfg:
                 raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
                                  'backbone derives it from the stage')
+        if isinstance(kwargs.get('init_cfg'), dict):
+            # mmdet's Swin reads init_cfg.checkpoint as an attribute
+            kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
         super().__init__(*args, **kwargs)
         self.moppa_scope = moppa_scope
         self.moppa_cfg = moppa_cfg

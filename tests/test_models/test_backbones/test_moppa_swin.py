@@ -1,0 +1,166 @@
+import copy
+
+import pytest
+import torch
+from mmdet.models.backbones import SwinTransformer
+from mmdet.models.backbones.swin import swin_converter
+
+from moppa_mm.models import MoPPASwinTransformer
+from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
+from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
+
+TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4), window_size=7,
+            out_indices=(0, 1))
+
+
+def adapter_key(key):
+    return '.moppa.' in key or '.conv_adapter.' in key
+
+
+def plain_and_moppa(**kwargs):
+    torch.manual_seed(0)
+    plain = SwinTransformer(**TINY)
+    plain.init_weights()
+    moppa = MoPPASwinTransformer(**TINY, **kwargs)
+    missing, unexpected = moppa.load_state_dict(plain.state_dict(), strict=False)
+    assert unexpected == []
+    assert missing and all(adapter_key(k) for k in missing)
+    plain.eval()
+    moppa.eval()
+    return plain, moppa
+
+
+@pytest.mark.parametrize('scope', ['window', 'global'])
+def test_shapes_match_plain_swin_at_odd_sizes(scope):
+    plain, moppa = plain_and_moppa(moppa_scope=scope)
+    x = torch.randn(1, 3, 225, 319)
+    with torch.no_grad():
+        expected, outs = plain(x), moppa(x)
+    assert [o.shape for o in outs] == [o.shape for o in expected]
+    assert outs[0].shape == (1, 16, 57, 80)  # stride 4, padded like plain Swin
+    # the adapters do something (MoPPA starts near, not at, the identity)
+    assert not torch.allclose(outs[1], expected[1])
+
+
+@pytest.mark.parametrize('scope', ['window', 'global'])
+def test_bypassed_adapters_give_plain_swin_exactly(scope):
+    plain, moppa = plain_and_moppa(moppa_scope=scope)
+    moppa.adapters_enabled = False
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        for got, want in zip(moppa(x), plain(x)):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    moppa.adapters_enabled = True
+    assert moppa.adapters_enabled
+
+
+def test_window_unit_sees_the_attention_windows():
+    _, moppa = plain_and_moppa()
+    seen = []
+    unit = moppa.stages[0].blocks[1].moppa  # a shifted block
+    unit.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    with torch.no_grad():
+        moppa(torch.randn(1, 3, 60, 90))  # 15x23 tokens -> padded to 21x28
+    assert seen == [torch.Size([3 * 4, 7, 7, 16])]  # (B*nW, Wh, Ww, C)
+    assert unit.grid_size == (7, 7)
+
+
+def test_global_unit_resizes_to_the_feature_map():
+    _, moppa = plain_and_moppa(moppa_scope='global')
+    unit = moppa.stages[0].blocks[0].moppa
+    assert unit.grid_size == (56, 56)  # pretrain_img_size 224 / patch 4
+    seen = []
+    unit.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+    with torch.no_grad():
+        moppa(torch.randn(1, 3, 60, 90))
+    assert seen == [torch.Size([1, 15, 23, 16])]
+
+
+def test_official_checkpoint_through_mmdet_converter_loads(tmp_path):
+    torch.manual_seed(1)
+    plain = SwinTransformer(**TINY)
+    official = mmdet_swin_to_official(plain.state_dict())
+    assert any(k.startswith('layers.0.blocks.0.attn.qkv') for k in official)
+    assert any(k.startswith('layers.0.blocks.0.mlp.fc1') for k in official)
+    converted = swin_converter(official)  # mmdet's own conversion
+    restored = {k[len('backbone.'):]: v for k, v in converted.items()}
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(restored[key], value)  # exact inverse
+    # and through the config path: init_cfg + convert_weights
+    path = tmp_path / 'swin_official.pth'
+    torch.save({'model': official}, path)
+    moppa = MoPPASwinTransformer(
+        **TINY, convert_weights=True,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    moppa.init_weights()
+    state = moppa.state_dict()
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(state[key], value)
+
+
+def test_trainable_set_and_init_weights_keep_adapters_neutral():
+    moppa = MoPPASwinTransformer(**TINY)
+    with torch.no_grad():
+        for p in moppa.parameters():
+            p.add_(1.0)  # disturb everything
+    moppa.init_weights()  # no checkpoint: mmdet re-initialises every Linear
+    for name, param in moppa.named_parameters():
+        assert param.requires_grad == adapter_key('.' + name), name
+    for module in moppa.modules():
+        if isinstance(module, SwinConvAdapter):
+            assert torch.count_nonzero(module.up.weight) == 0  # identity at init
+        if isinstance(module, SwinMoPPAUnit):
+            assert torch.count_nonzero(module.route_logits) == 0
+    moppa.train()
+    outs = moppa(torch.randn(1, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    for name, param in moppa.named_parameters():
+        assert (param.grad is not None) == param.requires_grad, name
+    assert moppa.stages[0].blocks[0].moppa.wave_coef.grad.abs().sum() > 0
+    assert moppa.stages[0].blocks[0].conv_adapter.up.weight.grad.abs().sum() > 0
+
+
+def test_gradient_checkpointing():
+    moppa = MoPPASwinTransformer(**TINY, with_cp=True)
+    x = torch.randn(1, 3, 64, 64, requires_grad=True)
+    sum(o.sum() for o in moppa(x)).backward()
+    assert moppa.stages[1].blocks[1].moppa.heat_coef.grad is not None
+
+
+def test_deepcopy_rewires_the_hooks():
+    _, moppa = plain_and_moppa()
+    clone = copy.deepcopy(moppa)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        before = moppa(x)
+        clone.stages[0].blocks[0].moppa.route_logits.copy_(
+            torch.tensor([2.0, -1.0, 0.5]))
+        after = moppa(x)
+        changed = clone(x)
+    torch.testing.assert_close(before[0], after[0])  # original untouched
+    assert not torch.allclose(changed[0], before[0])  # the clone uses its unit
+
+
+def test_swin_b_budget_matches_paper():
+    model = MoPPASwinTransformer(embed_dims=128, depths=[2, 2, 18, 2],
+                                 num_heads=[4, 8, 16, 32], window_size=7)
+    counts = model.parameter_breakdown()
+    print('\n' + model.parameter_report())
+    trainable = counts['total']['trainable']
+    assert abs(trainable / 3.18e6 - 1) < 0.05, trainable
+    assert counts['pretrained']['trainable'] == 0
+    # per block: heat, wave, poisson L*N + C/N each, router 3; L = 49 window tokens
+    expected_moppa = sum(d * (3 * (49 * n + c // n) + 3) for d, n, c in zip(
+        [2, 2, 18, 2], [4, 8, 16, 32], [128, 256, 512, 1024]))
+    assert counts['moppa']['total'] == expected_moppa
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="moppa_scope 'windows'"):
+        MoPPASwinTransformer(**TINY, moppa_scope='windows')
+    with pytest.raises(ValueError, match='adapter_ratio'):
+        MoPPASwinTransformer(**TINY, adapter_ratio=0)
+    with pytest.raises(TypeError, match='tau'):
+        MoPPASwinTransformer(**TINY, moppa_cfg=dict(tau=1.0))
+    with pytest.raises(ValueError, match="must not set 'num_heads'"):
+        MoPPASwinTransformer(**TINY, moppa_cfg=dict(num_heads=2))
