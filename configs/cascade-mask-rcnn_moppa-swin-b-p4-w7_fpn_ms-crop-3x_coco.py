@@ -18,4 +18,5 @@ custom_hooks = [
     dict(type='PEFTFreezeHook'),  # audits the frozen set, prints the table
     dict(type='RouteRegularizationHook', loss_weight=1.0),
     dict(type='AdapterCheckpointHook'),  # checkpoints hold adapters + heads only
+    dict(type='RNGStateHook'),  # an interrupted run resumes to the same result
 ]

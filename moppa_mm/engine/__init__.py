@@ -1,3 +1,5 @@
-from .hooks import AdapterCheckpointHook, PEFTFreezeHook, RouteRegularizationHook
+from .hooks import (AdapterCheckpointHook, PEFTFreezeHook, RNGStateHook,
+                    RouteRegularizationHook)
 
-__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RouteRegularizationHook']
+__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RNGStateHook',
+           'RouteRegularizationHook']

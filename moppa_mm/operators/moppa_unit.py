@@ -132,7 +132,9 @@ class MoPPAUnit(nn.Module):
         self.resize_mode = resize_mode
         self.experts = tuple(e for e in EXPERTS if e in experts)
 
-        freq_shape = (num_heads, *self.grid_size)  # (N, Hr, Wr)
+        # frequency x head, stored in the layout the filter uses: no permute per
+        # forward, and gradients keep the parameters' strides (DDP buckets)
+        freq_shape = (*self.grid_size, num_heads)  # (Hr, Wr, N)
         if 'heat' in self.experts:
             self.heat_coef = nn.Parameter(torch.empty(freq_shape))  # k
             self.heat_time = nn.Parameter(torch.empty(self.head_dims))  # t
@@ -181,8 +183,11 @@ class MoPPAUnit(nn.Module):
     # -------------------------------------------------------- filter and field
     def _freq_param(self, name: str, size: Tuple[int, int]) -> torch.Tensor:
         """A frequency-indexed parameter on the runtime grid, (H, W, N, 1)."""
-        param = resize_frequency_map(getattr(self, name), size, self.resize_mode)
-        return param.permute(1, 2, 0).unsqueeze(-1)  # (H, W, N, 1)
+        param = getattr(self, name)  # (Hr, Wr, N)
+        if tuple(size) != self.grid_size:
+            param = resize_frequency_map(param.permute(2, 0, 1), size,
+                                         self.resize_mode).permute(1, 2, 0)
+        return param.unsqueeze(-1)  # (H, W, N, 1)
 
     def _time(self, expert: str) -> torch.Tensor:
         if expert == 'wave' and not hasattr(self, 'wave_time'):

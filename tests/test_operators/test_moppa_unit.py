@@ -32,7 +32,7 @@ def test_heat_decays_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega_sq = (math.pi * n / h)**2 + (math.pi * m / w)**2
-    k = unit.heat_coef.detach().numpy()[:, n, m]  # (N,)
+    k = unit.heat_coef.detach().numpy()[n, m, :]  # (N,)
     t = unit.heat_time.detach().numpy()  # (C/N,)
     decay = np.exp(-k[:, None] * omega_sq * t[None, :]).reshape(-1)  # (C,)
     # a single expert: the router weight is 1
@@ -46,7 +46,7 @@ def test_wave_oscillates_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega = math.sqrt((math.pi * n / h)**2 + (math.pi * m / w)**2)
-    c = unit.wave_coef.detach().numpy()[:, n, m]
+    c = unit.wave_coef.detach().numpy()[n, m, :]
     t = unit.wave_time.detach().numpy()
     factor = np.cos(c[:, None] * omega * t[None, :]).reshape(-1)
     np.testing.assert_allclose(y, x.numpy() * factor, atol=1e-12)
@@ -57,9 +57,9 @@ def test_poisson_field_matches_independent_computation():
     unit = make_unit(h, w, dims, heads, experts=('poisson', ))
     x = torch.randn(2, h, w, dims, dtype=torch.float64)
     y = unit(x).detach().numpy()
-    h1 = unit.source_freq.detach().numpy()  # (N, H, W)
+    h1 = unit.source_freq.detach().numpy()  # (H, W, N)
     h2 = unit.source_channel.detach().numpy()  # (C/N,)
-    source = np.einsum('nhw,d->hwnd', h1, h2).reshape(h, w, dims)
+    source = np.einsum('hwn,d->hwnd', h1, h2).reshape(h, w, dims)
     wy, wx = np.meshgrid(np.pi * np.arange(h) / h, np.pi * np.arange(w) / w,
                          indexing='ij')
     field = source / ((wy**2 + wx**2)[..., None] + 1e-3)

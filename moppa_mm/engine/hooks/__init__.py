@@ -1,5 +1,7 @@
 from .adapter_checkpoint_hook import AdapterCheckpointHook
 from .peft_freeze_hook import PEFTFreezeHook
+from .rng_state_hook import RNGStateHook
 from .route_regularization_hook import RouteRegularizationHook
 
-__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RouteRegularizationHook']
+__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RNGStateHook',
+           'RouteRegularizationHook']

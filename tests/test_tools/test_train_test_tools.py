@@ -1,0 +1,169 @@
+"""The tools as users run them: separate processes, real files, real kills."""
+import glob
+import json
+import os
+import os.path as osp
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import torch
+
+from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
+
+MMDET_TEST = osp.join(osp.dirname(__import__('mmdet').__file__), '.mim/tools/test.py')
+
+
+def run(args, timeout=600, **kwargs):
+    return subprocess.run(args, cwd=REPO, env=child_env(), capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+def val_metrics(work_dir):
+    """The last validation metrics the training run logged."""
+    lines = []
+    for path in glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')):
+        with open(path) as f:
+            lines += [json.loads(line) for line in f]
+    val = [line for line in lines if 'coco/bbox_mAP' in line]
+    assert val, f'no validation metrics under {work_dir}'
+    return val[-1]
+
+
+def logged_test_metrics(work_dir):
+    paths = sorted(glob.glob(osp.join(work_dir, '*', '*.json')))
+    assert paths, f'no test metrics under {work_dir}'
+    with open(paths[-1]) as f:
+        return json.load(f)
+
+
+def same_metrics(a, b):
+    keys = [k for k in a if k.startswith('coco/')]
+    assert keys
+    return all(a[k] == b[k] for k in keys)
+
+
+@pytest.fixture(scope='module')
+def trained(shapes_data, tmp_path_factory):
+    """An uninterrupted 4-iteration run with checkpoints at 2 and 4."""
+    work = tmp_path_factory.mktemp('uninterrupted')
+    cfg = tiny_detection_cfg(shapes_data, work, max_iters=4, checkpoint_interval=2)
+    config = dump_cfg(cfg, work / 'tiny.py')
+    result = run([PYTHON, 'tools/train.py', config, '--work-dir', str(work)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(config=config, work=str(work), data=shapes_data)
+
+
+def test_checkpoint_is_adapter_only(trained):
+    ckpt = torch.load(osp.join(trained['work'], 'iter_4.pth'), weights_only=False)
+    keys = list(ckpt['state_dict'])
+    assert ckpt['meta']['adapter_only']
+    assert any('.moppa.' in k for k in keys) and any('.conv_adapter.' in k for k in keys)
+    frozen = [k for k in keys if k.startswith('backbone.')
+              and '.moppa.' not in k and '.conv_adapter.' not in k]
+    assert frozen == []
+    assert 'rng_state' in ckpt['meta']
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(trained, tmp_path):
+    work = str(tmp_path)
+    args = [PYTHON, 'tools/train.py', trained['config'], '--work-dir', work]
+    proc = subprocess.Popen(args, cwd=REPO, env=child_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = osp.join(work, 'last_checkpoint')
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if osp.exists(marker) and open(marker).read().strip().endswith('iter_2.pth'):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, 'training ended before it could be killed'
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not osp.exists(osp.join(work, 'iter_4.pth'))
+
+    result = run(args + ['--resume'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    assert 'resumed' in log.lower() and 'iter_2.pth' in log
+    assert 'random states restored' in log
+
+    resumed = torch.load(osp.join(work, 'iter_4.pth'), weights_only=False)
+    reference = torch.load(osp.join(trained['work'], 'iter_4.pth'), weights_only=False)
+    assert resumed['meta']['iter'] == reference['meta']['iter'] == 4
+    assert resumed['state_dict'].keys() == reference['state_dict'].keys()
+    for key, value in reference['state_dict'].items():
+        torch.testing.assert_close(resumed['state_dict'][key], value,
+                                   atol=1e-6, rtol=1e-5, msg=key)
+    assert same_metrics(val_metrics(work), val_metrics(trained['work']))
+
+
+@pytest.mark.parametrize('tool', ['ours', 'mmdet'])
+def test_test_tool_reproduces_training_ap(trained, tmp_path, tool):
+    script = 'tools/test.py' if tool == 'ours' else MMDET_TEST
+    ckpt = osp.join(trained['work'], 'iter_4.pth')
+    result = run([PYTHON, script, trained['config'], ckpt, '--work-dir', str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'loading the pre-trained weights first' in result.stdout + result.stderr
+    assert same_metrics(logged_test_metrics(str(tmp_path)), val_metrics(trained['work']))
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def test_dist_train_two_cpu_processes(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=2)
+    config = dump_cfg(cfg, tmp_path / 'tiny.py')
+    env = child_env()
+    env.update(PYTHON=PYTHON, PORT=str(_free_port()))
+    result = subprocess.run(
+        ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert 'Distributed training: True' in log and 'GPU number: 2' in log
+    assert 'Grad strides do not match' not in log  # DDP-friendly parameters
+    metrics = val_metrics(str(tmp_path))
+    assert 0.0 <= metrics['coco/segm_mAP'] <= 1.0
+    assert osp.exists(tmp_path / 'iter_2.pth')
+
+
+def test_missing_data_root_fails_at_start(trained, tmp_path):
+    start = time.time()
+    result = run([PYTHON, 'tools/train.py', trained['config'], '--work-dir',
+                  str(tmp_path), '--cfg-options',
+                  'train_dataloader.dataset.data_root=/nonexistent/coco/'])
+    assert result.returncode != 0
+    assert "data root not found: train_dataloader.dataset.data_root = " \
+        "'/nonexistent/coco/'" in result.stderr
+    assert time.time() - start < 120
+
+
+def test_missing_checkpoint_and_unknown_option_fail_at_start(trained, tmp_path):
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from moppa_mm.utils.preflight import check_config
+    cfg = Config.fromfile(trained['config'])
+    cfg.model.backbone.init_cfg.checkpoint = '/nonexistent/swin_b.pth'
+    with pytest.raises(FileNotFoundError,
+                       match=r"model.backbone.init_cfg.checkpoint = '/nonexistent"):
+        check_config(cfg)
+    cfg = Config.fromfile(trained['config'])
+    cfg.load_from = '/nonexistent/iter_4.pth'
+    with pytest.raises(FileNotFoundError, match='load_from'):
+        check_config(cfg, mode='test')
+    cfg = Config.fromfile(trained['config'])
+    cfg.val_evaluator = dict(type='CocoMetric', ann_file=trained['data']['val'])
+    cfg.test_dataloader.dataset.ann_file = 'annotations/missing.json'
+    with pytest.raises(FileNotFoundError, match='annotations/missing.json'):
+        check_config(cfg, mode='test')
+    cfg = Config.fromfile(trained['config'])
+    cfg.model.backbone.moppa_scope = 'local'
+    cfg.work_dir = str(tmp_path)
+    with pytest.raises(ValueError, match="unknown moppa_scope 'local'"):
+        Runner.from_cfg(cfg)
