@@ -12,14 +12,15 @@ from setuptools.command.build_py import build_py
 from setuptools.command.develop import develop
 
 ROOT = osp.dirname(osp.abspath(__file__))
-MIM_DIRS = ('configs', 'tools')
+MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
 
 
 def add_mim_extension(mode: str) -> None:
-    """Expose configs/ and tools/ under moppa_mm/.mim (symlinks for editable installs)."""
+    """Expose configs/, tools/ and model-index.yml under moppa_mm/.mim (symlinks
+    for editable installs), where mmengine looks for ``moppa_mm::`` configs."""
     mim_root = osp.join(ROOT, 'moppa_mm', '.mim')
     os.makedirs(mim_root, exist_ok=True)
-    for name in MIM_DIRS:
+    for name in MIM_ITEMS:
         src, dst = osp.join(ROOT, name), osp.join(mim_root, name)
         if osp.islink(dst) or osp.isfile(dst):
             os.remove(dst)
@@ -27,8 +28,10 @@ def add_mim_extension(mode: str) -> None:
             shutil.rmtree(dst)
         if mode == 'symlink':
             os.symlink(osp.relpath(src, mim_root), dst)
-        else:
+        elif osp.isdir(src):
             shutil.copytree(src, dst)
+        else:
+            shutil.copyfile(src, dst)
 
 
 class BuildPy(build_py):
@@ -57,7 +60,8 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(exclude=('tests', 'tests.*')),
     include_package_data=True,
-    package_data={'moppa_mm': ['.mim/configs/**/*', '.mim/tools/**/*']},
+    package_data={'moppa_mm': ['.mim/configs/**/*', '.mim/tools/*',
+                            '.mim/model-index.yml']},
     python_requires='>=3.8',
     install_requires=[
         'torch>=2.0',

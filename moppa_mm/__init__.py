@@ -13,4 +13,14 @@ from .utils import checkpoint_compat, distributed  # noqa: E402,F401
 
 checkpoint_compat.register()  # Runner checkpoints under torch >= 2.6
 
+
+def _register_config_scope() -> None:
+    """Let configs inherit ``moppa_mm::folder/file.py`` (mmengine only knows
+    the OpenMMLab packages it lists)."""
+    from mmengine.config.utils import MODULE2PACKAGE
+    MODULE2PACKAGE.setdefault('moppa_mm', 'moppa_mm')
+
+
+_register_config_scope()
+
 __version__ = '0.1.0'
