@@ -1,2 +1,2 @@
 from .backbones import *  # noqa: F401,F403
-from .layers import ConvAdapter  # noqa: F401
+from .layers import ConvAdapter, ScaleShift  # noqa: F401

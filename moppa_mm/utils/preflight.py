@@ -8,6 +8,20 @@ SPLITS = {
 }
 
 
+def _vtab():
+    from moppa_mm.datasets import VTAB1k
+    return VTAB1k
+
+
+def _fgvc():
+    from moppa_mm.datasets import FGVC
+    return FGVC
+
+
+# datasets that know how to check their own inputs (task names, split files)
+_DATASETS_WITH_PREFLIGHT = {'VTAB1k': _vtab, 'FGVC': _fgvc}
+
+
 def _is_remote(path: str) -> bool:
     return '://' in str(path)
 
@@ -65,6 +79,9 @@ def check_config(cfg, mode: str = 'train') -> None:
     if load_from and not _is_remote(load_from) and not osp.isfile(load_from):
         raise FileNotFoundError(f'checkpoint not found: load_from = {load_from!r}')
     for where, ds in _datasets(cfg, mode):
+        if ds.get('type') in _DATASETS_WITH_PREFLIGHT:
+            _DATASETS_WITH_PREFLIGHT[ds['type']]().preflight(ds)
+            continue
         root = ds.get('data_root', '') or ''
         if root and not _is_remote(root) and not osp.isdir(root):
             raise FileNotFoundError(

@@ -1,3 +1,7 @@
 from .moppa_swin import MoPPASwinTransformer, SwinConvAdapter, SwinMoPPAUnit
+from .moppa_vit import MoPPAVisionTransformer, ViTMoPPAUnit
 
-__all__ = ["MoPPASwinTransformer", "SwinMoPPAUnit", "SwinConvAdapter"]
+__all__ = [
+    'MoPPASwinTransformer', 'SwinMoPPAUnit', 'SwinConvAdapter',
+    'MoPPAVisionTransformer', 'ViTMoPPAUnit'
+]

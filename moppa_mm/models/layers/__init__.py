@@ -1,3 +1,4 @@
 from .conv_adapter import ConvAdapter
+from .scale_shift import ScaleShift
 
-__all__ = ['ConvAdapter']
+__all__ = ['ConvAdapter', 'ScaleShift']

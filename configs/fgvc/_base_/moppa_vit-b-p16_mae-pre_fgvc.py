@@ -1,0 +1,5 @@
+# ImageNet-1K MAE pre-trained ViT-B/16 (see configs/vtab1k/_base_ for conversion).
+_base_ = './moppa_vit-b-p16_fgvc.py'
+pretrained = 'data/pretrained/vit-b-p16_mae.pth'
+model = dict(backbone=dict(init_cfg=dict(checkpoint=pretrained)))
+data_preprocessor = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])

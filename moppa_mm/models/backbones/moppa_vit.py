@@ -1,0 +1,141 @@
+"""MoPPA Vision Transformer for MMPretrain (paper Sec. 4, Tables 2-4).
+
+A subclass of mmpretrain's ``VisionTransformer``: after ``super().__init__()``
+every layer gets a MoPPA unit before self-attention, on the patch-token grid
+(extra tokens such as the class token pass unchanged), plus learnable scale &
+shift (RLRR/SSF style, paper supplementary) on the patch embedding, the attention
+value and output projections and both MLP layers. Everything is wired with
+forward hooks, so the base parameter names are unchanged and mmpretrain / timm /
+JAX checkpoints (through :mod:`moppa_mm.models.converters`) load as they are.
+"""
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+from mmengine.config import ConfigDict
+from mmpretrain.models.backbones import VisionTransformer
+from mmpretrain.registry import MODELS
+
+from moppa_mm.operators import MoPPAUnit
+from moppa_mm.utils.params import parameter_table, set_trainable
+from ..layers import ScaleShift
+
+ADAPTER_PATTERNS = ('*moppa*', '*ssf_*')
+
+
+class ViTMoPPAUnit(MoPPAUnit):
+    """A :class:`MoPPAUnit` with the pre-hook that puts it before a ViT layer's
+    attention (a bound method: ``copy.deepcopy`` rewires it)."""
+
+    enabled = True
+    num_extra_tokens = 1
+    hw_shape = None  # set by the backbone from the patch embedding, per forward
+
+    def attn_hook(self, attn: nn.Module, args: tuple):
+        if not self.enabled:
+            return None
+        x, *rest = args  # (B, extra + H*W, C), after ln1
+        batch, _, channels = x.shape
+        extra, patches = x[:, :self.num_extra_tokens], x[:, self.num_extra_tokens:]
+        patches = self(patches.reshape(batch, *self.hw_shape, channels))  # (B, H, W, C)
+        x = torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
+        return (x, *rest)
+
+
+@MODELS.register_module()
+class MoPPAVisionTransformer(VisionTransformer):
+    """Vision Transformer with MoPPA units and scale & shift adapters.
+
+    All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus:
+
+    Args:
+        moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
+            (``eta``, ``share_time``, ``experts``, ``resize_mode``, ...).
+        moppa_heads (int, optional): MoPPA heads; defaults to the attention's.
+        use_scale_shift (bool): Add the scale & shift adapters. Defaults to True.
+        freeze_pretrained (bool): Freeze everything except the adapters when
+            built (the head lives outside the backbone and stays trainable).
+            Defaults to True.
+    """
+
+    def __init__(self,
+                 *args,
+                 moppa_cfg: Optional[dict] = None,
+                 moppa_heads: Optional[int] = None,
+                 use_scale_shift: bool = True,
+                 freeze_pretrained: bool = True,
+                 **kwargs) -> None:
+        moppa_cfg = dict(moppa_cfg or {})
+        for reserved in ('embed_dims', 'num_heads', 'grid_size'):
+            if reserved in moppa_cfg:
+                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
+                                 'backbone derives it')
+        if isinstance(kwargs.get('init_cfg'), dict):
+            kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
+        super().__init__(*args, **kwargs)
+        self.moppa_cfg = moppa_cfg
+        self.use_scale_shift = use_scale_shift
+        grid = tuple(self.patch_embed.init_out_size)  # (H, W) at img_size
+        for layer in self.layers:
+            heads = moppa_heads or layer.attn.num_heads
+            layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid, **moppa_cfg)
+            layer.moppa.num_extra_tokens = self.num_extra_tokens
+            layer.attn.register_forward_pre_hook(layer.moppa.attn_hook)
+            if use_scale_shift:
+                self._add_scale_shift(layer)
+        if use_scale_shift:
+            self.patch_embed.ssf_proj = ScaleShift(self.embed_dims, channel_dim=1)
+            self.patch_embed.projection.register_forward_hook(
+                self.patch_embed.ssf_proj.output_hook)
+        self.patch_embed.register_forward_hook(self._record_patch_resolution)
+        if freeze_pretrained:
+            set_trainable(self, trainable=ADAPTER_PATTERNS)
+
+    def _add_scale_shift(self, layer: nn.Module) -> None:
+        dims = self.embed_dims
+        attn, ffn = layer.attn, layer.ffn
+        attn.ssf_value = ScaleShift(dims, offset=2 * dims)  # v of the fused qkv
+        attn.qkv.register_forward_hook(attn.ssf_value.output_hook)
+        attn.ssf_proj = ScaleShift(dims)
+        attn.proj.register_forward_hook(attn.ssf_proj.output_hook)
+        fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
+        ffn.ssf_fc1 = ScaleShift(fc1.out_features)
+        fc1.register_forward_hook(ffn.ssf_fc1.output_hook)
+        ffn.ssf_fc2 = ScaleShift(fc2.out_features)
+        fc2.register_forward_hook(ffn.ssf_fc2.output_hook)
+
+    def _record_patch_resolution(self, patch_embed, args, output):
+        _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))
+        for layer in self.layers:
+            layer.moppa.hw_shape = tuple(patch_resolution)
+
+    @property
+    def adapters_enabled(self) -> bool:
+        return all(m.enabled for m in self._adapters())
+
+    @adapters_enabled.setter
+    def adapters_enabled(self, enabled: bool) -> None:
+        for module in self._adapters():
+            module.enabled = enabled
+
+    def _adapters(self):
+        return [m for m in self.modules() if isinstance(m, (ViTMoPPAUnit, ScaleShift))]
+
+    def init_weights(self) -> None:
+        super().init_weights()
+        for module in self._adapters():
+            module.reset_parameters()
+
+    def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
+        _, counts = parameter_table(self, (('moppa', ('*moppa*', )),
+                                           ('scale_shift', ('*ssf_*', )),
+                                           ('pretrained', ('*', ))))
+        return counts
+
+    def parameter_report(self) -> str:
+        table, _ = parameter_table(
+            self, (('moppa units', ('*moppa*', )),
+                   ('scale & shift', ('*ssf_*', )),
+                   ('pre-trained ViT', ('*', ))),
+            title=type(self).__name__)
+        return table

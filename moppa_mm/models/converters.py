@@ -1,0 +1,143 @@
+"""Pre-trained ViT checkpoints into mmpretrain's ``VisionTransformer`` keys.
+
+Sources (DESIGN.md §4): the JAX/timm ImageNet-21K AugReg release (``.npz``),
+the MAE pre-train checkpoint (``{'model': ...}``, timm names) and MoCo v3
+(``{'state_dict': ...}``, ``module.base_encoder.`` prefix). Each function
+returns a backbone state dict (no prefix); :func:`save_backbone` writes it as
+``{'state_dict': {'backbone.' + key: ...}}`` for
+``init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
+"""
+import os
+import os.path as osp
+import re
+from collections import OrderedDict
+from typing import Dict, Mapping
+
+import numpy as np
+import torch
+
+# timm block names -> mmpretrain layer names
+TIMM_TO_MMPRETRAIN = OrderedDict([
+    (r'^cls_token$', 'cls_token'),
+    (r'^pos_embed$', 'pos_embed'),
+    (r'^patch_embed\.proj\.(weight|bias)$', r'patch_embed.projection.\1'),
+    (r'^blocks\.(\d+)\.norm1\.(weight|bias)$', r'layers.\1.ln1.\2'),
+    (r'^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$', r'layers.\1.attn.qkv.\2'),
+    (r'^blocks\.(\d+)\.attn\.proj\.(weight|bias)$', r'layers.\1.attn.proj.\2'),
+    (r'^blocks\.(\d+)\.norm2\.(weight|bias)$', r'layers.\1.ln2.\2'),
+    (r'^blocks\.(\d+)\.mlp\.fc1\.(weight|bias)$', r'layers.\1.ffn.layers.0.0.\2'),
+    (r'^blocks\.(\d+)\.mlp\.fc2\.(weight|bias)$', r'layers.\1.ffn.layers.1.\2'),
+    (r'^norm\.(weight|bias)$', r'ln1.\1'),
+])
+# keys of the sources that are not part of the backbone
+TIMM_IGNORED = (r'^head\.', r'^fc_norm\.', r'^decoder', r'^mask_token$',
+                r'^pre_logits')
+
+
+def timm_vit_to_mmpretrain(state: Mapping[str, torch.Tensor]
+                           ) -> 'OrderedDict[str, torch.Tensor]':
+    """timm ViT names (MAE, MoCo v3 after its prefix) -> mmpretrain names."""
+    converted = OrderedDict()
+    for key, value in state.items():
+        for pattern, target in TIMM_TO_MMPRETRAIN.items():
+            if re.match(pattern, key):
+                converted[re.sub(pattern, target, key)] = value
+                break
+        else:
+            if not any(re.match(p, key) for p in TIMM_IGNORED):
+                raise KeyError(f'unexpected key {key!r} in a timm ViT checkpoint')
+    return converted
+
+
+def mae_to_mmpretrain(checkpoint: Mapping) -> 'OrderedDict[str, torch.Tensor]':
+    """MAE pre-train checkpoint ``{'model': {timm keys, decoder_*}}``."""
+    state = checkpoint.get('model', checkpoint)
+    return timm_vit_to_mmpretrain(state)
+
+
+def mocov3_to_mmpretrain(checkpoint: Mapping) -> 'OrderedDict[str, torch.Tensor]':
+    """MoCo v3 ``{'state_dict': {'module.base_encoder.<timm key>': ...}}``;
+    the momentum encoder and the predictor are dropped."""
+    state = checkpoint.get('state_dict', checkpoint)
+    prefix = 'module.base_encoder.'
+    encoder = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if not encoder:
+        raise KeyError(f'no {prefix!r} keys: not a MoCo v3 checkpoint')
+    return timm_vit_to_mmpretrain(encoder)
+
+
+def _jax(params: Mapping[str, np.ndarray], key: str) -> torch.Tensor:
+    if key not in params:
+        raise KeyError(f'missing {key!r} in the JAX checkpoint')
+    return torch.from_numpy(np.asarray(params[key]).copy())
+
+
+def jax_vit_to_mmpretrain(params: Mapping[str, np.ndarray]
+                          ) -> 'OrderedDict[str, torch.Tensor]':
+    """JAX/Flax ViT (``np.load`` of the AugReg ``.npz``) -> mmpretrain names.
+
+    Kernels are (in, out) in JAX and (out, in) in PyTorch; the patch embedding
+    is HWIO; attention kernels are split per head and fused here into qkv.
+    """
+    out = OrderedDict()
+    out['cls_token'] = _jax(params, 'cls')  # (1, 1, C)
+    out['pos_embed'] = _jax(params, 'Transformer/posembed_input/pos_embedding')
+    out['patch_embed.projection.weight'] = _jax(
+        params, 'embedding/kernel').permute(3, 2, 0, 1)  # HWIO -> OIHW
+    out['patch_embed.projection.bias'] = _jax(params, 'embedding/bias')
+    num_layers = len({m.group(1) for k in params
+                      for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m})
+    for i in range(num_layers):
+        block = f'Transformer/encoderblock_{i}/'
+        attn = block + 'MultiHeadDotProductAttention_1/'
+        to = f'layers.{i}.'
+        out[to + 'ln1.weight'] = _jax(params, block + 'LayerNorm_0/scale')
+        out[to + 'ln1.bias'] = _jax(params, block + 'LayerNorm_0/bias')
+        qkv_w, qkv_b = [], []
+        for name in ('query', 'key', 'value'):
+            kernel = _jax(params, f'{attn}{name}/kernel')  # (C, heads, head_dims)
+            qkv_w.append(kernel.flatten(1).t())  # (C_out, C_in)
+            qkv_b.append(_jax(params, f'{attn}{name}/bias').flatten())
+        out[to + 'attn.qkv.weight'] = torch.cat(qkv_w, 0)
+        out[to + 'attn.qkv.bias'] = torch.cat(qkv_b, 0)
+        out_kernel = _jax(params, attn + 'out/kernel')  # (heads, head_dims, C)
+        out[to + 'attn.proj.weight'] = out_kernel.flatten(0, 1).t()
+        out[to + 'attn.proj.bias'] = _jax(params, attn + 'out/bias')
+        out[to + 'ln2.weight'] = _jax(params, block + 'LayerNorm_2/scale')
+        out[to + 'ln2.bias'] = _jax(params, block + 'LayerNorm_2/bias')
+        for j, target in ((0, 'ffn.layers.0.0'), (1, 'ffn.layers.1')):
+            out[f'{to}{target}.weight'] = _jax(
+                params, f'{block}MlpBlock_3/Dense_{j}/kernel').t()
+            out[f'{to}{target}.bias'] = _jax(params, f'{block}MlpBlock_3/Dense_{j}/bias')
+    out['ln1.weight'] = _jax(params, 'Transformer/encoder_norm/scale')
+    out['ln1.bias'] = _jax(params, 'Transformer/encoder_norm/bias')
+    return out
+
+
+CONVERTERS = {'jax': jax_vit_to_mmpretrain, 'mae': mae_to_mmpretrain,
+              'mocov3': mocov3_to_mmpretrain}
+
+
+def load_source(path: str, source: str):
+    """Read a source checkpoint from a local path."""
+    if source not in CONVERTERS:
+        raise ValueError(f'unknown source format {source!r}, expected one of '
+                         f'{tuple(CONVERTERS)}')
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'checkpoint not found: {path!r}')
+    if source == 'jax':
+        with np.load(path) as npz:
+            return {k: npz[k] for k in npz.files}
+    return torch.load(path, map_location='cpu', weights_only=False)
+
+
+def convert(path: str, source: str) -> 'OrderedDict[str, torch.Tensor]':
+    params = load_source(path, source)  # validates the format and the path
+    return CONVERTERS[source](params)
+
+
+def save_backbone(state: Dict[str, torch.Tensor], path: str, source: str = '') -> str:
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    torch.save({'state_dict': OrderedDict(('backbone.' + k, v) for k, v in state.items()),
+                'meta': {'converted_from': source}}, path)
+    return path

@@ -1,0 +1,49 @@
+"""Learnable per-channel scale & shift (SSF / RLRR style), applied to a
+module's output through a forward hook so the module keeps its parameter names."""
+import torch
+import torch.nn as nn
+
+
+class ScaleShift(nn.Module):
+    """``y = x * scale + shift`` over ``dims`` channels; identity at init.
+
+    Args:
+        dims (int): Channels scaled and shifted.
+        channel_dim (int): The channel axis of the hooked output: -1 for
+            token tensors (B, N, C), 1 for feature maps (B, C, H, W).
+        offset (int): First channel of the hooked output that is affected
+            (e.g. ``2 * C`` for the value part of a fused qkv projection).
+    """
+
+    enabled = True
+
+    def __init__(self, dims: int, channel_dim: int = -1, offset: int = 0) -> None:
+        super().__init__()
+        self.dims = dims
+        self.channel_dim = channel_dim
+        self.offset = offset
+        self.scale = nn.Parameter(torch.ones(dims))
+        self.shift = nn.Parameter(torch.zeros(dims))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.scale)
+        nn.init.zeros_(self.shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = [1] * x.dim()
+        shape[self.channel_dim] = self.dims
+        return x * self.scale.view(shape) + self.shift.view(shape)
+
+    def output_hook(self, module: nn.Module, args: tuple, output: torch.Tensor):
+        """Forward hook: scale & shift ``output`` (or its ``offset`` slice)."""
+        if not self.enabled:
+            return None
+        if self.offset == 0 and output.shape[self.channel_dim] == self.dims:
+            return self(output)
+        head, tail = output.split(
+            [self.offset, output.shape[self.channel_dim] - self.offset],
+            dim=self.channel_dim)
+        return torch.cat([head, self(tail)], dim=self.channel_dim)
+
+    def extra_repr(self) -> str:
+        return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'

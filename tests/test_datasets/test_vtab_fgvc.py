@@ -1,0 +1,53 @@
+import json
+import os
+
+import pytest
+
+from moppa_mm.datasets import FGVC, VTAB1k, VTAB_GROUPS, VTAB_TASKS
+
+
+def test_the_19_tasks_and_their_groups():
+    assert len(VTAB_TASKS) == 19
+    assert [len(g) for g in VTAB_GROUPS.values()] == [7, 4, 8]
+    assert VTAB_TASKS['sun397'] == 397 and VTAB_TASKS['patch_camelyon'] == 2
+
+
+def make_task(root, task, lines):
+    os.makedirs(root / task / 'images' / 'train', exist_ok=True)
+    (root / task / 'train800val200.txt').write_text('\n'.join(lines) + '\n')
+
+
+def test_loads_the_vpt_layout(tmp_path):
+    make_task(tmp_path, 'kitti', ['images/train/000001.jpg 3', 'images/train/000002.jpg 0'])
+    ds = VTAB1k(str(tmp_path), 'kitti', lazy_init=False)
+    assert len(ds) == 2
+    assert ds.metainfo['classes'] == ('0', '1', '2', '3')
+    assert ds.get_data_info(0)['img_path'] == str(tmp_path / 'kitti/images/train/000001.jpg')
+    assert ds.get_data_info(0)['gt_label'] == 3
+
+
+def test_bad_tasks_and_splits(tmp_path):
+    with pytest.raises(ValueError, match="unknown VTAB-1K task 'cifar100'.*cifar, caltech101"):
+        VTAB1k(str(tmp_path), 'cifar100')
+    with pytest.raises(FileNotFoundError, match='task folder not found'):
+        VTAB1k(str(tmp_path), 'dtd')
+    make_task(tmp_path, 'dtd', ['images/train/1.jpg 0'])
+    with pytest.raises(FileNotFoundError, match=r'dtd/test.txt'):
+        VTAB1k(str(tmp_path), 'dtd', split='test')
+    with pytest.raises(ValueError, match="split 'train1000'"):
+        VTAB1k(str(tmp_path), 'dtd', split='train1000')
+
+
+def test_fgvc_json_splits(tmp_path):
+    (tmp_path / 'train.json').write_text(json.dumps({'001.Albatross/a.jpg': 0,
+                                                     '200.Wren/b.jpg': 199}))
+    ds = FGVC(str(tmp_path), 'cub', 'train')
+    assert len(ds) == 2
+    assert ds.get_data_info(1)['img_path'] == str(tmp_path / 'images/200.Wren/b.jpg')
+    (tmp_path / 'val.json').write_text(json.dumps({'x.jpg': 200}))
+    with pytest.raises(ValueError, match='outside'):
+        FGVC(str(tmp_path), 'cub', 'val')
+    with pytest.raises(FileNotFoundError, match='test.json'):
+        FGVC(str(tmp_path), 'cub', 'test')
+    with pytest.raises(ValueError, match="unknown FGVC dataset 'cars'"):
+        FGVC(str(tmp_path), 'cars', 'train')

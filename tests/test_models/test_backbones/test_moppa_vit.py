@@ -1,0 +1,109 @@
+import pytest
+import torch
+from mmpretrain.models.backbones import VisionTransformer
+
+from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
+from moppa_mm.models import MoPPAVisionTransformer
+
+TINY = dict(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
+                      feedforward_channels=64), img_size=32, patch_size=8)
+
+
+def adapter_key(key):
+    return 'moppa' in key or 'ssf_' in key
+
+
+def plain_and_moppa(both=None, **kwargs):
+    torch.manual_seed(0)
+    plain = VisionTransformer(**TINY, **(both or {}))
+    moppa = MoPPAVisionTransformer(**TINY, **(both or {}), **kwargs)
+    missing, unexpected = moppa.load_state_dict(plain.state_dict(), strict=False)
+    assert unexpected == [] and all(adapter_key(k) for k in missing)
+    plain.eval()
+    moppa.eval()
+    return plain, moppa
+
+
+@pytest.mark.parametrize('size', [(32, 32), (40, 24), (56, 72)])
+def test_any_patch_grid(size):
+    plain, moppa = plain_and_moppa()
+    x = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        assert moppa(x)[0].shape == plain(x)[0].shape == (2, 32)
+
+
+def test_bypassed_adapters_give_plain_vit_exactly():
+    plain, moppa = plain_and_moppa(both=dict(out_type='featmap'))
+    moppa.adapters_enabled = False
+    x = torch.randn(2, 3, 40, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(moppa(x)[0], plain(x)[0], atol=0, rtol=0)
+
+
+def test_adapters_are_identity_at_init_but_for_moppa():
+    """Scale & shift start as the identity: with MoPPA bypassed the output
+    equals plain ViT's even with them enabled."""
+    plain, moppa = plain_and_moppa()
+    for layer in moppa.layers:
+        layer.moppa.enabled = False
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(moppa(x)[0], plain(x)[0])
+
+
+def test_class_token_passes_the_unit_unchanged():
+    _, moppa = plain_and_moppa()
+    seen = {}
+    attn = moppa.layers[0].attn
+    attn.register_forward_pre_hook(lambda m, a: seen.setdefault('in', a[0].clone()))
+    ln1_out = {}
+    moppa.layers[0].ln1.register_forward_hook(
+        lambda m, a, o: ln1_out.setdefault('out', o.clone()))
+    with torch.no_grad():
+        moppa(torch.randn(1, 3, 40, 24))  # 5 x 3 patches
+    # hooks run in registration order: the unit's pre-hook ran first, ours sees
+    # its output; the class token is untouched, the patch tokens changed
+    torch.testing.assert_close(seen['in'][:, 0], ln1_out['out'][:, 0])
+    assert not torch.allclose(seen['in'][:, 1:], ln1_out['out'][:, 1:])
+    assert moppa.layers[0].moppa.hw_shape == (5, 3)
+
+
+def test_trainable_set_and_gradients():
+    moppa = MoPPAVisionTransformer(**TINY)
+    moppa.init_weights()
+    for name, p in moppa.named_parameters():
+        assert p.requires_grad == adapter_key(name), name
+    moppa.train()
+    moppa(torch.randn(2, 3, 32, 32))[0].sum().backward()
+    grads = {n for n, p in moppa.named_parameters() if p.grad is not None}
+    assert grads == {n for n, p in moppa.named_parameters() if p.requires_grad}
+
+
+def test_vit_b_budgets_match_the_paper():
+    model = MoPPAVisionTransformer(arch='b', img_size=224, patch_size=16)
+    print('\n' + model.parameter_report())
+    adapters = model.parameter_breakdown()['total']['trainable']
+    head = lambda classes: 768 * classes + classes  # noqa: E731
+    vtab = adapters + sum(head(c) for c in VTAB_TASKS.values()) / len(VTAB_TASKS)
+    fgvc = adapters + sum(head(c) for c, _ in FGVC_DATASETS.values()) / len(FGVC_DATASETS)
+    in1k = adapters + head(1000)
+    print(f'without head {adapters / 1e6:.4f}M, VTAB {vtab / 1e6:.4f}M, '
+          f'FGVC {fgvc / 1e6:.4f}M, IN-1K {in1k / 1e6:.4f}M')
+    assert abs(adapters / 0.225e6 - 1) < 0.10
+    assert abs(vtab / 0.26e6 - 1) < 0.10
+    assert abs(fgvc / 0.40e6 - 1) < 0.10
+    assert abs(in1k / 0.99e6 - 1) < 0.10
+
+
+def test_vit_l_builds():
+    model = MoPPAVisionTransformer(arch='l', img_size=224, patch_size=16)
+    counts = model.parameter_breakdown()
+    assert counts['moppa']['trainable'] == 24 * (3 * (196 * 16 + 1024 // 16) + 3)
+    assert counts['pretrained']['trainable'] == 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="must not set 'grid_size'"):
+        MoPPAVisionTransformer(**TINY, moppa_cfg=dict(grid_size=3))
+    with pytest.raises(ValueError, match='divisible by num_heads'):
+        MoPPAVisionTransformer(**TINY, moppa_heads=3)
