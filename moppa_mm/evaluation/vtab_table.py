@@ -1,0 +1,101 @@
+"""VTAB-1K results shaped like the paper's tables (Table 2, supplementary)."""
+import csv
+import glob
+import io
+import json
+import os.path as osp
+from collections import OrderedDict
+from typing import Dict, List, Mapping, Optional
+
+from moppa_mm.datasets.vtab import VTAB_GROUPS, VTAB_TASKS
+
+# The paper's per-task MoPPA rows (supplementary table), in VTAB_TASKS order.
+PAPER_MOPPA = {
+    'mae': [39.1, 90.4, 62.9, 85.6, 86.3, 89.6, 26.9, 86.1, 94.3, 80.4, 75.6,
+            81.1, 63.7, 51.4, 82.0, 84.7, 56.2, 37.5, 44.5],
+    'mocov3': [62.6, 92.5, 69.4, 92.1, 88.3, 89.6, 42.8, 86.9, 95.5, 83.6, 75.2,
+               82.5, 64.5, 49.1, 83.2, 84.8, 53.6, 33.1, 45.4],
+    'in21k-augreg': [79.7, 94.9, 78.3, 99.7, 92.4, 92.4, 57.5, 87.6, 96.1, 89.2,
+                     76.4, 81.4, 63.7, 54.6, 83.3, 86.7, 56.2, 34.0, 43.1],
+}
+# ... and the group means / average / params the paper prints for them
+PAPER_SUMMARY = {
+    'mae': dict(Natural=68.7, Specialized=84.1, Structured=62.7, Average=69.4,
+                params=0.26),
+    'mocov3': dict(Natural=76.8, Specialized=85.3, Structured=62.0, Average=72.4,
+                   params=0.26),
+    'in21k-augreg': dict(Natural=85.0, Specialized=87.3, Structured=62.9,
+                         Average=76.2, params=0.26),
+}
+PRETRAINS = tuple(PAPER_MOPPA)
+
+
+def paper_results(pretrain: str) -> 'OrderedDict[str, float]':
+    if pretrain not in PAPER_MOPPA:
+        raise ValueError(f'unknown pre-training {pretrain!r}, expected one of '
+                         f'{PRETRAINS}')
+    return OrderedDict(zip(VTAB_TASKS, PAPER_MOPPA[pretrain]))
+
+
+def summarize(results: Mapping[str, float]) -> 'OrderedDict[str, float]':
+    """Group means and the paper's "weighted average": each group's mean weighted
+    by its number of tasks, i.e. the mean over the 19 tasks."""
+    missing = [t for t in VTAB_TASKS if t not in results]
+    if missing:
+        raise KeyError(f'results are missing tasks: {", ".join(missing)}')
+    summary = OrderedDict()
+    for group, tasks in VTAB_GROUPS.items():
+        summary[group] = sum(results[t] for t in tasks) / len(tasks)
+    summary['Average'] = sum(
+        summary[g] * len(tasks) for g, tasks in VTAB_GROUPS.items()) / len(VTAB_TASKS)
+    return summary
+
+
+def collect(work_root: str) -> Dict[str, float]:
+    """Top-1 per task from ``<work_root>/<task>/test/*/*.json`` (what
+    ``tools/test.py --work-dir <work_root>/<task>/test`` writes); the newest
+    file wins. Tasks without results are left out."""
+    results = {}
+    for task in VTAB_TASKS:
+        paths = sorted(glob.glob(osp.join(work_root, task, 'test', '*', '*.json')))
+        for path in reversed(paths):
+            with open(path) as f:
+                metrics = json.load(f)
+            if 'accuracy/top1' in metrics:
+                results[task] = float(metrics['accuracy/top1'])
+                break
+    return results
+
+
+def _row(name: str, results: Mapping[str, float], params: Optional[float]) -> List[str]:
+    cells = [name] + [f'{results[t]:.1f}' if t in results else '-' for t in VTAB_TASKS]
+    if all(t in results for t in VTAB_TASKS):
+        summary = summarize(results)
+        cells += [f'{summary[k]:.1f}' for k in (*VTAB_GROUPS, 'Average')]
+    else:
+        cells += ['-'] * (len(VTAB_GROUPS) + 1)
+    cells.append(f'{params:.3f}' if params is not None else '-')
+    return cells
+
+
+def table(pretrain: str, ours: Mapping[str, float],
+          our_params: Optional[float] = None) -> List[List[str]]:
+    """Header + our row + the paper's MoPPA row."""
+    header = ['method'] + list(VTAB_TASKS) + [*VTAB_GROUPS, 'Average', 'params (M)']
+    return [header,
+            _row(f'MoPPA (moppa_mm, {pretrain})', ours, our_params),
+            _row(f'MoPPA (paper, {pretrain})', paper_results(pretrain),
+                 PAPER_SUMMARY[pretrain]['params'])]
+
+
+def to_markdown(rows: List[List[str]]) -> str:
+    lines = ['| ' + ' | '.join(rows[0]) + ' |',
+             '|' + '---|' * len(rows[0])]
+    lines += ['| ' + ' | '.join(r) + ' |' for r in rows[1:]]
+    return '\n'.join(lines) + '\n'
+
+
+def to_csv(rows: List[List[str]]) -> str:
+    out = io.StringIO()
+    csv.writer(out).writerows(rows)
+    return out.getvalue()

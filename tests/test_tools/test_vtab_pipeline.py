@@ -1,0 +1,153 @@
+"""VTAB-1K end to end on a tiny generated folder: train through the real
+Runner with the hooks, then mmpretrain's own packaged tools/test.py on our
+config and the adapter-only checkpoint, then the results table."""
+import os
+import os.path as osp
+import subprocess
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config, ConfigDict
+from mmengine.runner import Runner
+from mmpretrain.models.backbones import VisionTransformer
+
+from moppa_mm.datasets import VTAB_GROUPS, VTAB_TASKS
+from moppa_mm.evaluation import vtab_table
+from moppa_mm.models.converters import save_backbone
+from tests.conftest import PYTHON, REPO, child_env
+
+MMPRETRAIN_TEST = osp.join(osp.dirname(__import__('mmpretrain').__file__),
+                           '.mim/tools/test.py')
+TASKS = ('eurosat', 'kitti')
+ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
+
+
+def make_vtab(root, task, rng, per_split=dict(train800val200=24, test=12)):
+    classes = VTAB_TASKS[task]
+    for split, count in per_split.items():
+        os.makedirs(osp.join(root, task, 'images', split), exist_ok=True)
+        lines = []
+        for i in range(count):
+            label = i % classes
+            img = rng.integers(0, 40, (32, 32, 3)).astype(np.uint8)
+            img[:, :, label % 3] += np.uint8(40 + 200 * label // classes)  # learnable
+            name = f'images/{split}/{i:06d}.jpg'
+            cv2.imwrite(osp.join(root, task, name), img)
+            lines.append(f'{name} {label}')
+        with open(osp.join(root, task, f'{split}.txt'), 'w') as f:
+            f.write('\n'.join(lines) + '\n')
+
+
+@pytest.fixture(scope='module')
+def vtab_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp('vtab-1k')
+    rng = np.random.default_rng(0)
+    for task in TASKS:
+        make_vtab(str(root), task, rng)
+    torch.manual_seed(0)
+    vit = VisionTransformer(arch=ARCH, img_size=32, patch_size=8)
+    vit.init_weights()
+    pretrained = save_backbone(vit.state_dict(), str(root / 'tiny_vit.pth'), 'test')
+    return str(root), pretrained
+
+
+def tiny_vtab_cfg(root, pretrained, task, work_dir):
+    cfg = Config.fromfile(osp.join(
+        REPO, f'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-{task}.py'))
+    cfg.model.backbone.update(arch=ARCH, img_size=32, patch_size=8,
+                              drop_path_rate=0.0)
+    cfg.model.backbone.init_cfg.checkpoint = pretrained
+    cfg.model.head.in_channels = 32
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        loader = cfg[key]
+        loader.update(batch_size=8, num_workers=0, persistent_workers=False)
+        loader.dataset.data_root = root
+        for step in loader.dataset.pipeline:
+            if step['type'] == 'Resize':
+                step['scale'] = (32, 32)
+    cfg.param_scheduler = [
+        ConfigDict(type='LinearLR', start_factor=0.1, by_epoch=True, begin=0, end=1,
+                   convert_to_iter_based=True),
+        ConfigDict(type='CosineAnnealingLR', T_max=1, by_epoch=True, begin=1, end=2)]
+    cfg.train_cfg = ConfigDict(by_epoch=True, max_epochs=2, val_interval=1)
+    cfg.default_hooks.checkpoint = ConfigDict(type='CheckpointHook', interval=1)
+    cfg.default_hooks.logger.interval = 1
+    cfg.randomness = ConfigDict(seed=0)
+    cfg.work_dir = work_dir
+    return cfg
+
+
+@pytest.mark.parametrize('task', TASKS)
+def test_train_then_mmpretrain_test_tool_reproduces_accuracy(vtab_root, tmp_path, task):
+    root, pretrained = vtab_root
+    work_root = str(tmp_path / 'in21k-augreg')
+    work_dir = osp.join(work_root, task)
+    cfg = tiny_vtab_cfg(root, pretrained, task, work_dir)
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    hub = runner.message_hub
+    trained_top1 = hub.get_scalar('val/accuracy/top1').current()
+    assert list(hub.get_scalar('train/route_weight').data[0])[0] == 1.0
+    assert 'train/loss_route' in hub.log_scalars
+    model = runner.model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in model.named_parameters()
+                         if n.startswith('head.') or 'moppa' in n or 'ssf_' in n}
+
+    ckpt_path = osp.join(work_dir, 'epoch_2.pth')
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    assert ckpt['meta']['adapter_only']
+    assert not any(k.startswith('backbone.') and 'moppa' not in k and 'ssf_' not in k
+                   for k in ckpt['state_dict'])
+    config = osp.join(work_dir, 'config.py')
+    cfg.dump(config)
+    result = subprocess.run(
+        [PYTHON, MMPRETRAIN_TEST, config, ckpt_path, '--work-dir',
+         osp.join(work_dir, 'test')],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    collected = vtab_table.collect(work_root)
+    assert collected == {task: pytest.approx(trained_top1)}
+
+
+def test_results_tool_reproduces_the_papers_means():
+    for pretrain, summary in vtab_table.PAPER_SUMMARY.items():
+        ours = vtab_table.summarize(vtab_table.paper_results(pretrain))
+        for key in (*VTAB_GROUPS, 'Average'):
+            assert abs(ours[key] - summary[key]) <= 0.1, (pretrain, key)
+
+
+def test_results_table_and_files(tmp_path):
+    ours = {t: 50.0 + i for i, t in enumerate(VTAB_TASKS)}
+    rows = vtab_table.table('mae', ours, 0.2556)
+    assert rows[0][-5:] == ['Natural', 'Specialized', 'Structured', 'Average',
+                            'params (M)']
+    assert rows[1][-2] == f'{sum(ours.values()) / 19:.1f}'  # mean over 19 tasks
+    assert rows[2][1] == '39.1' and rows[2][-2] == '69.4'
+    md = vtab_table.to_markdown(rows)
+    assert md.count('\n') == 4 and '| MoPPA (paper, mae) |' in md
+    partial = vtab_table.table('mae', {'cifar': 12.5})
+    assert partial[1][1] == '12.5' and partial[1][2] == '-' and partial[1][-2] == '-'
+    with pytest.raises(KeyError, match='missing tasks'):
+        vtab_table.summarize({'cifar': 1.0})
+    with pytest.raises(ValueError, match='unknown pre-training'):
+        vtab_table.paper_results('clip')
+
+
+def test_sweep_tool_collects_and_writes(tmp_path):
+    out = tmp_path / 'table'
+    result = subprocess.run(
+        [PYTHON, 'tools/vtab_sweep.py', 'collect', '--pretrain', 'mocov3',
+         '--work-root', str(tmp_path / 'none'), '--out', str(out)],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '0/19 tasks have results' in result.stdout
+    assert out.with_suffix('.csv').read_text().splitlines()[2].startswith(
+        '"MoPPA (paper, mocov3)",62.6')  # csv quotes the comma
+    assert '| 0.256 |' in out.with_suffix('.md').read_text()  # our ViT-B budget
+    bad = subprocess.run([PYTHON, 'tools/vtab_sweep.py', 'run', '--pretrain', 'mae',
+                          '--tasks', 'cifar10'], cwd=REPO, env=child_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "unknown VTAB-1K task(s) ['cifar10']" in bad.stderr
