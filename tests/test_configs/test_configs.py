@@ -14,16 +14,52 @@ CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=Tr
 def test_there_are_configs():
     names = [osp.relpath(c, REPO) for c in CONFIGS]
     assert 'configs/cascade_moppa_swin_b_coco.py' in names
+    assert len([n for n in names if n.startswith('configs/vtab1k/moppa_')]) == 57
+    assert len([n for n in names if n.startswith('configs/fgvc/moppa_')]) == 10
+
+
+def build_tiny(cfg):
+    """Build the config's model with a tiny backbone and no weight loading."""
+    backbone = cfg.model.backbone
+    backbone.init_cfg = None
+    if 'VisionTransformer' in backbone.type:
+        from mmpretrain.registry import MODELS
+        init_default_scope('mmpretrain')
+        backbone.update(arch=dict(embed_dims=32, num_layers=1, num_heads=2,
+                                  feedforward_channels=64), img_size=32, patch_size=16)
+        cfg.model.head.in_channels = 32
+    else:
+        from mmdet.registry import MODELS
+        init_default_scope('mmdet')
+        backbone.update(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2])
+        cfg.model.neck.in_channels = [16, 32, 64, 128]
+    return MODELS.build(cfg.model)
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
-def test_config_parses_and_imports_moppa(path):
+def test_config_parses_and_builds(path):
     cfg = Config.fromfile(path)
     assert cfg.model.type
     if 'moppa' in osp.basename(path):
         assert cfg.custom_imports == dict(imports=['moppa_mm'],
                                           allow_failed_imports=False)
         assert cfg.model.backbone.type.startswith('MoPPA')
+    model = build_tiny(cfg)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.model.backbone.type.startswith('MoPPA'):
+        assert all(n.startswith(('head.', 'neck.', 'rpn_head.', 'roi_head.'))
+                   or 'moppa' in n or 'ssf_' in n or 'conv_adapter' in n
+                   for n in trainable)
+    if 'num_classes' in cfg.model.get('head', {}):
+        assert model.head.num_classes == cfg.model.head.num_classes
+
+
+def test_generated_configs_are_up_to_date():
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, 'tools/misc/generate_configs.py',
+                             '--check'], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_paper_detector_builds_with_the_paper_budget():
