@@ -1,0 +1,431 @@
+"""What MoPPA costs, side by side with the plain backbone, SSF-style scale &
+shift, and LoRA, in ONE process; writes docs/benchmarks.md (or --out).
+
+    .venv/bin/python benchmarks/run.py            # full: ~10 min on 2 CPU cores
+    .venv/bin/python benchmarks/run.py --quick    # tiny sizes: checks the harness
+
+Timings are medians of repeated runs after warm-up; ratios matter more than
+absolute times, which depend on the machine. Peak memory is the process's
+peak resident set growth during a step on CPU (sampled every ms) and
+``torch.cuda.max_memory_allocated`` on CUDA.
+"""
+import argparse
+import os
+import os.path as osp
+import platform
+import statistics
+import sys
+import threading
+import time
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn as nn
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import moppa_mm  # noqa: E402,F401
+from moppa_mm.operators import MoPPAUnit, dct2d, idct2d  # noqa: E402
+from moppa_mm.operators.dct_fft import dct2d_fft, idct2d_fft  # noqa: E402
+
+
+# ----------------------------------------------------------------- measuring
+def _sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def _rss_bytes() -> int:
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+class PeakMemory:
+    """Peak memory growth over the block: CUDA allocator or sampled RSS."""
+
+    def __init__(self, device):
+        self.device = device
+        self.peak = 0
+
+    def __enter__(self):
+        if self.device.type == 'cuda':
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return self
+        self.base = _rss_bytes()
+        self._max = self.base
+        self._stop = threading.Event()
+
+        def sample():
+            while not self._stop.is_set():
+                self._max = max(self._max, _rss_bytes())
+                time.sleep(0.001)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == 'cuda':
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self._max, _rss_bytes()) - self.base
+
+
+def timeit(fn: Callable, device, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_memory(fn: Callable, device) -> int:
+    with PeakMemory(device) as mem:
+        fn()
+        _sync(device)
+    return mem.peak
+
+
+# ------------------------------------------------------------------ sections
+def bench_dct(device, quick: bool) -> List[Dict]:
+    """Matmul with cached bases vs FFT, forward + inverse, float32."""
+    sizes = [(7, 7), (14, 14), (28, 28)] if quick else \
+        [(7, 7), (14, 14), (28, 28), (56, 56), (100, 100), (200, 334)]
+    channels = 16 if quick else 128
+    rows = []
+    for h, w in sizes:
+        batch = max(1, (64 * 64 * 8) // (h * w)) if not quick else 2
+        x = torch.randn(batch, h, w, channels, device=device)
+        matmul = timeit(lambda: idct2d(dct2d(x)), device, 2, 5)
+        fft = timeit(lambda: idct2d_fft(dct2d_fft(x)), device, 2, 5)
+        rows.append(dict(grid=f'{batch}x{h}x{w}x{channels}', matmul_ms=matmul * 1e3,
+                         fft_ms=fft * 1e3, fft_over_matmul=fft / matmul))
+    return rows
+
+
+def _block_time(block: nn.Module, x: torch.Tensor, device, train: bool, reps: int):
+    if train:
+        x = x.detach().requires_grad_(True)
+
+        def step():
+            out = block(x)
+            out = out[0] if isinstance(out, tuple) else out
+            out.float().square().mean().backward()
+    else:
+        def step():
+            with torch.no_grad():
+                block(x)
+    return timeit(step, device, 2, reps)
+
+
+def bench_unit(device, quick: bool) -> List[Dict]:
+    """The unit alone (train: fwd+bwd; eval: cached forward) against the block
+    it sits in (a ViT-B layer; a Swin block on the same tokens)."""
+    from mmdet.models.backbones.swin import SwinBlock
+    from mmpretrain.models.backbones.vision_transformer import TransformerEncoderLayer
+    cases = [
+        # name, unit input (B, H, W, C), heads, block builder, block input
+        ('ViT-B layer, 8 x 14x14x768', (8, 14, 14, 768), 12,
+         lambda: TransformerEncoderLayer(768, 12, 3072), (8, 197, 768)),
+    ]
+    for stage, (grid, dims, heads) in enumerate(
+            [(56, 128, 4), (28, 256, 8), (14, 512, 16), (7, 1024, 32)]):
+        windows = (grid // 7)**2
+        cases.append((f'Swin-B stage {stage + 1} @224 (window), 8 x {grid}x{grid}x{dims}',
+                      (8 * windows, 7, 7, dims), heads,
+                      lambda d=dims, h=heads: SwinBlock(d, h, 4 * d, window_size=7),
+                      (8, grid * grid, dims, (grid, grid))))
+    cases.append(('Swin-B stage 1 @800x1333 (window), 1 x 200x334x128',
+                  (29 * 48, 7, 7, 128), 4,
+                  lambda: SwinBlock(128, 4, 512, window_size=7), (1, 200 * 334, 128, (200, 334))))
+    cases.append(('Swin-B stage 1 @800x1333 (global), 1 x 200x334x128',
+                  (1, 200, 334, 128), 4,
+                  lambda: SwinBlock(128, 4, 512, window_size=7), (1, 200 * 334, 128, (200, 334))))
+    if quick:
+        cases = [('ViT tiny layer, 2 x 4x4x32', (2, 4, 4, 32), 2,
+                  lambda: TransformerEncoderLayer(32, 2, 64), (2, 17, 32))]
+    rows = []
+    for name, shape, heads, make_block, block_shape in cases:
+        unit = MoPPAUnit(shape[-1], heads, shape[1:3]).to(device)
+        x = torch.randn(*shape, device=device)
+        unit.train()
+        unit_train = _block_time(unit, x, device, True, 3 if quick else 5)
+        unit.eval()
+        unit_eval = _block_time(unit, x, device, False, 3 if quick else 5)
+        block = make_block().to(device)
+        for p in block.parameters():
+            p.requires_grad_(False)  # frozen, as in PEFT
+        if len(block_shape) == 4:  # SwinBlock(x, hw_shape)
+            b, n, c, hw = block_shape
+            tokens = torch.randn(b, n, c, device=device)
+            wrapper = _SwinBlockCall(block, hw)
+        else:
+            tokens = torch.randn(*block_shape, device=device)
+            wrapper = block
+        block_train = _block_time(wrapper, tokens, device, True, 3)
+        block_eval = _block_time(wrapper, tokens, device, False, 3)
+        rows.append(dict(case=name, unit_train_ms=unit_train * 1e3,
+                         block_train_ms=block_train * 1e3,
+                         train_share=unit_train / block_train,
+                         unit_eval_ms=unit_eval * 1e3, block_eval_ms=block_eval * 1e3,
+                         eval_share=unit_eval / block_eval))
+    return rows
+
+
+class _SwinBlockCall(nn.Module):
+
+    def __init__(self, block, hw_shape):
+        super().__init__()
+        self.block, self.hw_shape = block, hw_shape
+
+    def forward(self, x):
+        return self.block(x, self.hw_shape)
+
+
+def _vit_variants(quick: bool):
+    """name -> builder of (backbone, trainable head dims)."""
+    from mmpretrain.models.backbones import VisionTransformer
+    from mmpretrain.models.peft import LoRAModel
+
+    from moppa_mm.models import MoPPAVisionTransformer
+    arch = dict(embed_dims=64, num_layers=2, num_heads=4, feedforward_channels=128) \
+        if quick else 'b'
+    size = dict(img_size=64 if quick else 224, patch_size=16)
+
+    def plain():
+        model = VisionTransformer(arch=arch, **size)
+        model.requires_grad_(False)
+        return model
+
+    def ssf_only():
+        model = MoPPAVisionTransformer(arch=arch, **size)
+        for layer in model.layers:
+            layer.moppa.enabled = False
+            layer.moppa.requires_grad_(False)
+        return model
+
+    def moppa():
+        return MoPPAVisionTransformer(arch=arch, **size)
+
+    def lora():
+        rank = 1 if quick else 6  # 12 x 6 x (768 + 2304) = 221K, MoPPA: 218K
+        return LoRAModel(module=dict(type='VisionTransformer', arch=arch, **size),
+                         alpha=rank, rank=rank, targets=[dict(type='qkv')])
+
+    return [('frozen ViT + head', plain), ('+ scale & shift only', ssf_only),
+            ('+ MoPPA (ours)', moppa), ('+ LoRA on qkv, matched params', lora)]
+
+
+def _train_step_fn(backbone, head, images, labels, optimizer):
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        feats = backbone(images)[-1]
+        loss = loss_fn(head(feats), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def bench_vit_step(device, quick: bool) -> List[Dict]:
+    batch = 2 if quick else 8
+    size = 64 if quick else 224
+    images = torch.randn(batch, 3, size, size, device=device)
+    labels = torch.randint(0, 100, (batch, ), device=device)
+    rows = []
+    for name, build in _vit_variants(quick):
+        torch.manual_seed(0)
+        backbone = build().to(device)
+        dims = 64 if quick else 768
+        head = nn.Linear(dims, 100).to(device)
+        params = [p for p in backbone.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params + list(head.parameters()), lr=1e-4)
+        backbone.train()
+        step = _train_step_fn(backbone, head, images, labels, optimizer)
+        train = timeit(step, device, 1 if quick else 2, 3 if quick else 5)
+        memory = peak_memory(step, device)
+        backbone.eval()
+
+        def infer():
+            with torch.no_grad():
+                head(backbone(images)[-1])
+
+        infer_time = timeit(infer, device, 1 if quick else 2, 3 if quick else 5)
+        rows.append(dict(variant=name, trainable=sum(p.numel() for p in params),
+                         step_ms=train * 1e3, peak_mb=memory / 2**20,
+                         eval_img_s=batch / infer_time))
+    return rows
+
+
+def bench_swin_step(device, quick: bool) -> List[Dict]:
+    from mmdet.models.backbones import SwinTransformer
+
+    from moppa_mm.models import MoPPASwinTransformer
+    cfg = dict(embed_dims=32, depths=[1, 1, 1, 1], num_heads=[1, 2, 4, 8],
+               window_size=7) if quick else \
+        dict(embed_dims=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32],
+             window_size=7)
+    shape = (1, 3, 128, 160) if quick else (1, 3, 800, 1333)
+    images = torch.randn(*shape, device=device)
+    variants = [
+        ('frozen Swin, no backward into it', lambda: SwinTransformer(**cfg), False),
+        ('frozen Swin, backward through it', lambda: SwinTransformer(**cfg), True),
+        ('MoPPA + conv adapters (window)', lambda: MoPPASwinTransformer(**cfg), True),
+        ('MoPPA + conv adapters (global)',
+         lambda: MoPPASwinTransformer(**cfg, moppa_scope='global'), True),
+    ]
+    rows = []
+    for name, build, through in variants:
+        torch.manual_seed(0)
+        model = build().to(device)
+        if not isinstance(model, MoPPASwinTransformer):
+            model.requires_grad_(False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=1e-4) if params else None
+        inputs = images.requires_grad_(True) if through and not params else images
+        model.train()
+
+        def step():
+            outs = model(inputs)
+            if through:
+                sum(o.float().square().mean() for o in outs).backward()
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+        train = timeit(step, device, 1, 2 if quick else 3)
+        memory = peak_memory(step, device)
+        rows.append(dict(variant=name, trainable=sum(p.numel() for p in params),
+                         step_ms=train * 1e3, peak_mb=memory / 2**20))
+        images = images.detach()
+    return rows
+
+
+# ------------------------------------------------------------------- report
+def _table(rows: List[Dict], formats: Dict[str, str]) -> str:
+    keys = list(formats)
+    lines = ['| ' + ' | '.join(keys) + ' |', '|' + '---|' * len(keys)]
+    for row in rows:
+        lines.append('| ' + ' | '.join(
+            format(row[k], formats[k]) if formats[k] else str(row[k]) for k in keys) + ' |')
+    return '\n'.join(lines)
+
+
+def machine(device) -> str:
+    if device.type == 'cuda':
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f'{platform.processor() or platform.machine()}, ' \
+               f'{os.cpu_count()} CPU cores, {torch.get_num_threads()} torch threads'
+    return f'{name}; torch {torch.__version__}; python {platform.python_version()}'
+
+
+def report(results: Dict, device, quick: bool, seconds: float) -> str:
+    vit = {r['variant']: r for r in results['vit']}
+    swin = {r['variant']: r for r in results['swin']}
+    ssf, ours, lora = (vit['+ scale & shift only'], vit['+ MoPPA (ours)'],
+                       vit['+ LoRA on qkv, matched params'])
+    through = swin['frozen Swin, backward through it']
+    window = swin['MoPPA + conv adapters (window)']
+    glob = swin['MoPPA + conv adapters (global)']
+    frozen = swin['frozen Swin, no backward into it']
+    summary = [
+        f'- ViT-B training step, MoPPA over scale & shift only: '
+        f'{100 * (ours["step_ms"] / ssf["step_ms"] - 1):+.1f}% (target <= +3%); '
+        f'eval throughput {100 * (ours["eval_img_s"] / ssf["eval_img_s"] - 1):+.1f}% '
+        f'(target >= -2%).',
+        f'- ViT-B, MoPPA against LoRA at matched parameters ({ours["trainable"]:,} vs '
+        f'{lora["trainable"]:,}): training step {100 * (ours["step_ms"] / lora["step_ms"] - 1):+.1f}%, '
+        f'eval throughput {100 * (ours["eval_img_s"] / lora["eval_img_s"] - 1):+.1f}%, '
+        f'peak memory {ours["peak_mb"]:.0f} vs {lora["peak_mb"]:.0f} MB.',
+        f'- Swin-B backbone training step, MoPPA + conv adapters (window) over the frozen '
+        f'backbone with backward through it: {100 * (window["step_ms"] / through["step_ms"] - 1):+.1f}% '
+        f'(target <= +8%); peak memory {100 * (window["peak_mb"] / max(through["peak_mb"], 1e-9) - 1):+.1f}% '
+        f'(target <= +10%). Global scope: {100 * (glob["step_ms"] / through["step_ms"] - 1):+.1f}%. '
+        f'Against a frozen backbone that needs no backward at all (what full PEFT must pay '
+        f'to reach adapters in stage 1): x{window["step_ms"] / frozen["step_ms"]:.2f}.',
+    ]
+    crossover = [r['grid'] for r in results['dct'] if r['fft_over_matmul'] < 1]
+    summary.append('- DCT: the FFT is faster than the cached-basis matmul at: '
+                   f'{", ".join(crossover) if crossover else "no measured size"}.')
+    return '\n'.join([
+        f'## {device.type.upper()}: {machine(device)}',
+        '',
+        f'Measured {time.strftime("%Y-%m-%d")} by `benchmarks/run.py'
+        f'{" --quick" if quick else ""}` in {seconds:.0f} s.',
+        '',
+        *summary,
+        '',
+        '### MoPPA unit alone vs the block it sits in (frozen block, fwd+bwd / eval fwd)',
+        '',
+        _table(results['unit'], dict(case='', unit_train_ms='.2f', block_train_ms='.1f',
+                                     train_share='.2%', unit_eval_ms='.2f',
+                                     block_eval_ms='.1f', eval_share='.2%')),
+        '',
+        '### DCT + inverse: cached-basis matmul vs FFT',
+        '',
+        _table(results['dct'], dict(grid='', matmul_ms='.2f', fft_ms='.2f',
+                                    fft_over_matmul='.2f')),
+        '',
+        '### ViT-B/16 training step (batch 8, 224, AdamW) and eval throughput',
+        '',
+        _table(results['vit'], dict(variant='', trainable=',', step_ms='.0f',
+                                    peak_mb='.0f', eval_img_s='.2f')),
+        '',
+        '### Swin-B backbone training step (batch 1, 800x1333)',
+        '',
+        _table(results['swin'], dict(variant='', trainable=',', step_ms='.0f',
+                                     peak_mb='.0f')),
+        '',
+    ])
+
+
+def write_report(path: str, section: str, device) -> None:
+    """Replace this device type's section in the report, keep the others."""
+    header = '# Benchmarks\n\nRegenerate with `.venv/bin/python benchmarks/run.py`; ' \
+             'each device type keeps its own section.\n\n'
+    sections = {}
+    if osp.exists(path):
+        text = open(path).read()
+        for chunk in text.split('\n## ')[1:]:
+            sections[chunk.split(':', 1)[0].strip()] = '## ' + chunk.rstrip() + '\n'
+    sections[device.type.upper()] = section
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(header + '\n'.join(sections[k] for k in sorted(sections)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--quick', action='store_true', help='tiny sizes')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--out', default=osp.join(ROOT, 'docs', 'benchmarks.md'))
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    start = time.time()
+    results = {}
+    for name, fn in (('dct', bench_dct), ('unit', bench_unit),
+                     ('vit', bench_vit_step), ('swin', bench_swin_step)):
+        section_start = time.time()
+        results[name] = fn(device, args.quick)
+        print(f'[benchmarks] {name}: {time.time() - section_start:.0f} s', flush=True)
+    section = report(results, device, args.quick, time.time() - start)
+    write_report(args.out, section, device)
+    print(section)
+    print(f'[benchmarks] wrote {args.out}')
+
+
+if __name__ == '__main__':
+    main()
