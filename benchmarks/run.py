@@ -5,9 +5,11 @@ shift, and LoRA, in ONE process; writes docs/benchmarks.md (or --out).
     .venv/bin/python benchmarks/run.py --quick    # tiny sizes: checks the harness
 
 Timings are medians of repeated runs after warm-up; ratios matter more than
-absolute times, which depend on the machine. Peak memory is the process's
-peak resident set growth during a step on CPU (sampled every ms) and
-``torch.cuda.max_memory_allocated`` on CUDA.
+absolute times, which depend on the machine. Memory is the allocator's peak on
+CUDA and, on CPU (no allocator statistics), the activations saved for backward.
+On CPU the run first keeps freed memory in the process
+(:func:`moppa_mm.utils.malloc.keep_freed_memory`, as tools/train.py does):
+without it page faults dominate; ``--default-malloc`` measures that.
 """
 import argparse
 import os
@@ -18,6 +20,7 @@ import sys
 import threading
 import time
 from typing import Callable, Dict, List
+
 
 import torch
 import torch.nn as nn
@@ -88,11 +91,28 @@ def timeit(fn: Callable, device, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def peak_memory(fn: Callable, device) -> int:
-    with PeakMemory(device) as mem:
+def peak_memory(fn: Callable, device, model: nn.Module) -> int:
+    """CUDA: the allocator's peak during a step. CPU (no allocator statistics):
+    the bytes of activations saved for backward, the part of a step's memory
+    that adapters change (parameters, which the backward also saves, are not
+    counted; each storage once)."""
+    if device.type == 'cuda':
+        with PeakMemory(device) as mem:
+            fn()
+            _sync(device)
+        return mem.peak
+    params = {p.data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-        _sync(device)
-    return mem.peak
+    return sum(seen.values())
 
 
 # ------------------------------------------------------------------ sections
@@ -115,11 +135,13 @@ def bench_dct(device, quick: bool) -> List[Dict]:
 def _block_time(block: nn.Module, x: torch.Tensor, device, train: bool, reps: int):
     if train:
         x = x.detach().requires_grad_(True)
-
-        def step():
+        with torch.no_grad():
             out = block(x)
-            out = out[0] if isinstance(out, tuple) else out
-            out.float().square().mean().backward()
+        grad = torch.randn_like(out[0] if isinstance(out, tuple) else out)
+
+        def step():  # forward + backward of a fixed upstream gradient
+            out = block(x)
+            (out[0] if isinstance(out, tuple) else out).backward(grad)
     else:
         def step():
             with torch.no_grad():
@@ -254,7 +276,7 @@ def bench_vit_step(device, quick: bool) -> List[Dict]:
         backbone.train()
         step = _train_step_fn(backbone, head, images, labels, optimizer)
         train = timeit(step, device, 1 if quick else 2, 3 if quick else 5)
-        memory = peak_memory(step, device)
+        memory = peak_memory(step, device, backbone)
         backbone.eval()
 
         def infer():
@@ -305,7 +327,7 @@ def bench_swin_step(device, quick: bool) -> List[Dict]:
                 optimizer.zero_grad(set_to_none=True)
 
         train = timeit(step, device, 1, 2 if quick else 3)
-        memory = peak_memory(step, device)
+        memory = peak_memory(step, device, model)
         rows.append(dict(variant=name, trainable=sum(p.numel() for p in params),
                          step_ms=train * 1e3, peak_mb=memory / 2**20))
         images = images.detach()
@@ -331,7 +353,7 @@ def machine(device) -> str:
     return f'{name}; torch {torch.__version__}; python {platform.python_version()}'
 
 
-def report(results: Dict, device, quick: bool, seconds: float) -> str:
+def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> str:
     vit = {r['variant']: r for r in results['vit']}
     swin = {r['variant']: r for r in results['swin']}
     ssf, ours, lora = (vit['+ scale & shift only'], vit['+ MoPPA (ours)'],
@@ -348,10 +370,10 @@ def report(results: Dict, device, quick: bool, seconds: float) -> str:
         f'- ViT-B, MoPPA against LoRA at matched parameters ({ours["trainable"]:,} vs '
         f'{lora["trainable"]:,}): training step {100 * (ours["step_ms"] / lora["step_ms"] - 1):+.1f}%, '
         f'eval throughput {100 * (ours["eval_img_s"] / lora["eval_img_s"] - 1):+.1f}%, '
-        f'peak memory {ours["peak_mb"]:.0f} vs {lora["peak_mb"]:.0f} MB.',
+        f'memory {ours["peak_mb"]:.0f} vs {lora["peak_mb"]:.0f} MB.',
         f'- Swin-B backbone training step, MoPPA + conv adapters (window) over the frozen '
         f'backbone with backward through it: {100 * (window["step_ms"] / through["step_ms"] - 1):+.1f}% '
-        f'(target <= +8%); peak memory {100 * (window["peak_mb"] / max(through["peak_mb"], 1e-9) - 1):+.1f}% '
+        f'(target <= +8%); memory {100 * (window["peak_mb"] / max(through["peak_mb"], 1e-9) - 1):+.1f}% '
         f'(target <= +10%). Global scope: {100 * (glob["step_ms"] / through["step_ms"] - 1):+.1f}%. '
         f'Against a frozen backbone that needs no backward at all (what full PEFT must pay '
         f'to reach adapters in stage 1): x{window["step_ms"] / frozen["step_ms"]:.2f}.',
@@ -363,7 +385,9 @@ def report(results: Dict, device, quick: bool, seconds: float) -> str:
         f'## {device.type.upper()}: {machine(device)}',
         '',
         f'Measured {time.strftime("%Y-%m-%d")} by `benchmarks/run.py'
-        f'{" --quick" if quick else ""}` in {seconds:.0f} s.',
+        f'{" --quick" if quick else ""}` in {seconds:.0f} s. Allocator: '
+        f'{malloc if device.type == "cpu" else "CUDA caching allocator"}. '
+        f'Memory: {"peak allocated" if device.type == "cuda" else "activations saved for backward"} (MB).',
         '',
         *summary,
         '',
@@ -412,8 +436,15 @@ def main():
     parser.add_argument('--quick', action='store_true', help='tiny sizes')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default=osp.join(ROOT, 'docs', 'benchmarks.md'))
+    parser.add_argument('--default-malloc', action='store_true',
+                        help="keep glibc's defaults (freed memory goes back to the OS)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    malloc = 'glibc defaults'
+    if device.type == 'cpu' and not args.default_malloc:
+        from moppa_mm.utils.malloc import keep_freed_memory
+        if keep_freed_memory():
+            malloc = 'glibc mmap/trim thresholds raised to 1 GiB (keep_freed_memory)'
     start = time.time()
     results = {}
     for name, fn in (('dct', bench_dct), ('unit', bench_unit),
@@ -421,7 +452,7 @@ def main():
         section_start = time.time()
         results[name] = fn(device, args.quick)
         print(f'[benchmarks] {name}: {time.time() - section_start:.0f} s', flush=True)
-    section = report(results, device, args.quick, time.time() - start)
+    section = report(results, device, args.quick, time.time() - start, malloc)
     write_report(args.out, section, device)
     print(section)
     print(f'[benchmarks] wrote {args.out}')

@@ -5,15 +5,11 @@
 """
 import argparse
 import os
-import os.path as osp
 
 import moppa_mm  # noqa: F401  first: torchvision fix, registries
-from mmengine.config import Config, DictAction
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
+from mmengine.config import DictAction
 
-from moppa_mm.utils.distributed import setup_distributed
-from moppa_mm.utils.preflight import check_config
+from moppa_mm.utils.launch import build_runner, load_config
 
 
 def parse_args():
@@ -42,17 +38,7 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if not osp.isfile(args.config):
-        raise FileNotFoundError(f'config file not found: {args.config!r}')
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    cfg = load_config(args.config, args.launcher, args.cfg_options, args.work_dir)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
@@ -68,9 +54,7 @@ def main():
         cfg.resume = True
         cfg.load_from = args.resume
 
-    check_config(cfg, mode='train')
-    setup_distributed(cfg, args.launcher)
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner = build_runner(cfg, mode='train')
     runner.train()
 
 

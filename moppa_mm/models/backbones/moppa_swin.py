@@ -6,7 +6,7 @@ adapter before its FFN. They are wired in with forward pre-hooks, so none of the
 base class's parameter names change and official checkpoints (and mmdet's Swin
 key conversion) load as they are; only adapter keys are new.
 """
-from typing import Dict, Optional
+from typing import Optional
 
 import torch.nn as nn
 from mmengine.config import ConfigDict
@@ -14,8 +14,9 @@ from mmdet.models.backbones import SwinTransformer
 from mmdet.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit
-from moppa_mm.utils.params import parameter_table, set_trainable
+from moppa_mm.utils.params import set_trainable
 from ..layers import ConvAdapter
+from .adapter_mixin import AdapterMixin
 
 SCOPES = ('window', 'global')
 ADAPTER_PATTERNS = ('*moppa*', '*conv_adapter*')
@@ -69,7 +70,7 @@ class SwinConvAdapter(ConvAdapter):
 
 
 @MODELS.register_module()
-class MoPPASwinTransformer(SwinTransformer):
+class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
     """Swin Transformer with MoPPA units and conv adapters in every block.
 
     All arguments of mmdet's ``SwinTransformer`` are accepted, plus:
@@ -92,6 +93,11 @@ class MoPPASwinTransformer(SwinTransformer):
         freeze_pretrained (bool): Freeze every parameter except the adapters
             when built, so that DDP sees the final trainable set. Defaults to True.
     """
+
+    ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter)
+    BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
+                 ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
+                 ('pretrained', ('*', ), 'pre-trained Swin'))
 
     def __init__(self,
                  *args,
@@ -149,40 +155,3 @@ class MoPPASwinTransformer(SwinTransformer):
             block.register_forward_pre_hook(block.conv_adapter.block_hook)
             block.ffn.register_forward_pre_hook(block.conv_adapter.ffn_hook,
                                                 with_kwargs=True)
-
-    @property
-    def adapters_enabled(self) -> bool:
-        """Whether the MoPPA units and conv adapters run (False: plain Swin)."""
-        return all(m.enabled for m in self._adapters())
-
-    @adapters_enabled.setter
-    def adapters_enabled(self, enabled: bool) -> None:
-        for module in self._adapters():
-            module.enabled = enabled
-
-    def _adapters(self):
-        return [m for m in self.modules()
-                if isinstance(m, (SwinMoPPAUnit, SwinConvAdapter))]
-
-    # ------------------------------------------------------ weights and stats
-    def init_weights(self) -> None:
-        """mmdet's Swin re-initialises every Linear when no checkpoint is given:
-        re-initialise the adapters after it."""
-        super().init_weights()
-        for module in self.modules():
-            if isinstance(module, (MoPPAUnit, ConvAdapter)):
-                module.reset_parameters()
-
-    def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
-        _, counts = parameter_table(self, (('moppa', ('*moppa*', )),
-                                           ('conv_adapter', ('*conv_adapter*', )),
-                                           ('pretrained', ('*', ))))
-        return counts
-
-    def parameter_report(self) -> str:
-        table, _ = parameter_table(
-            self, (('moppa units', ('*moppa*', )),
-                   ('conv adapters', ('*conv_adapter*', )),
-                   ('pre-trained Swin', ('*', ))),
-            title=f'{type(self).__name__} ({self.moppa_scope} scope)')
-        return table

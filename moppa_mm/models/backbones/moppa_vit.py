@@ -8,7 +8,7 @@ value and output projections and both MLP layers. Everything is wired with
 forward hooks, so the base parameter names are unchanged and mmpretrain / timm /
 JAX checkpoints (through :mod:`moppa_mm.models.converters`) load as they are.
 """
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -17,8 +17,9 @@ from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit
-from moppa_mm.utils.params import parameter_table, set_trainable
+from moppa_mm.utils.params import set_trainable
 from ..layers import ScaleShift
+from .adapter_mixin import AdapterMixin
 
 ADAPTER_PATTERNS = ('*moppa*', '*ssf_*')
 
@@ -43,7 +44,7 @@ class ViTMoPPAUnit(MoPPAUnit):
 
 
 @MODELS.register_module()
-class MoPPAVisionTransformer(VisionTransformer):
+class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
     """Vision Transformer with MoPPA units and scale & shift adapters.
 
     All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus:
@@ -57,6 +58,11 @@ class MoPPAVisionTransformer(VisionTransformer):
             built (the head lives outside the backbone and stays trainable).
             Defaults to True.
     """
+
+    ADAPTER_TYPES = (ViTMoPPAUnit, ScaleShift)
+    BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
+                 ('scale_shift', ('*ssf_*', ), 'scale & shift'),
+                 ('pretrained', ('*', ), 'pre-trained ViT'))
 
     def __init__(self,
                  *args,
@@ -108,34 +114,3 @@ class MoPPAVisionTransformer(VisionTransformer):
         _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))
         for layer in self.layers:
             layer.moppa.hw_shape = tuple(patch_resolution)
-
-    @property
-    def adapters_enabled(self) -> bool:
-        return all(m.enabled for m in self._adapters())
-
-    @adapters_enabled.setter
-    def adapters_enabled(self, enabled: bool) -> None:
-        for module in self._adapters():
-            module.enabled = enabled
-
-    def _adapters(self):
-        return [m for m in self.modules() if isinstance(m, (ViTMoPPAUnit, ScaleShift))]
-
-    def init_weights(self) -> None:
-        super().init_weights()
-        for module in self._adapters():
-            module.reset_parameters()
-
-    def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
-        _, counts = parameter_table(self, (('moppa', ('*moppa*', )),
-                                           ('scale_shift', ('*ssf_*', )),
-                                           ('pretrained', ('*', ))))
-        return counts
-
-    def parameter_report(self) -> str:
-        table, _ = parameter_table(
-            self, (('moppa units', ('*moppa*', )),
-                   ('scale & shift', ('*ssf_*', )),
-                   ('pre-trained ViT', ('*', ))),
-            title=type(self).__name__)
-        return table

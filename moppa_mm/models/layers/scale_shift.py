@@ -2,6 +2,7 @@
 module's output through a forward hook so the module keeps its parameter names."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class ScaleShift(nn.Module):
@@ -30,20 +31,22 @@ class ScaleShift(nn.Module):
         nn.init.zeros_(self.shift)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Scale & shift channels ``[offset, offset + dims)`` of ``x``; the
+        others pass unchanged. One fused pass (``addcmul``): outside the slice
+        the scale is 1 and the shift 0, so nothing is split or concatenated."""
+        channels = x.shape[self.channel_dim]
+        scale, shift = self.scale, self.shift
+        if (self.offset, self.dims) != (0, channels):
+            pad = (self.offset, channels - self.offset - self.dims)
+            scale = F.pad(scale, pad, value=1.0)
+            shift = F.pad(shift, pad)
         shape = [1] * x.dim()
-        shape[self.channel_dim] = self.dims
-        return x * self.scale.view(shape) + self.shift.view(shape)
+        shape[self.channel_dim] = channels
+        return torch.addcmul(shift.view(shape), x, scale.view(shape))
 
     def output_hook(self, module: nn.Module, args: tuple, output: torch.Tensor):
-        """Forward hook: scale & shift ``output`` (or its ``offset`` slice)."""
-        if not self.enabled:
-            return None
-        if self.offset == 0 and output.shape[self.channel_dim] == self.dims:
-            return self(output)
-        head, tail = output.split(
-            [self.offset, output.shape[self.channel_dim] - self.offset],
-            dim=self.channel_dim)
-        return torch.cat([head, self(tail)], dim=self.channel_dim)
+        """Forward hook: scale & shift the hooked module's output."""
+        return self(output) if self.enabled else None
 
     def extra_repr(self) -> str:
         return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'

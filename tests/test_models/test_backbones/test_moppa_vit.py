@@ -107,3 +107,20 @@ def test_bad_arguments():
         MoPPAVisionTransformer(**TINY, moppa_cfg=dict(grid_size=3))
     with pytest.raises(ValueError, match='divisible by num_heads'):
         MoPPAVisionTransformer(**TINY, moppa_heads=3)
+
+
+def test_scale_shift_touches_only_its_slice():
+    from moppa_mm.models.layers import ScaleShift
+    value = ScaleShift(4, offset=8)  # the v part of a fused qkv of 3 x 4
+    with torch.no_grad():
+        value.scale.copy_(torch.tensor([2.0, 3.0, 4.0, 5.0]))
+        value.shift.fill_(1.0)
+    x = torch.randn(2, 5, 12)
+    y = value(x)
+    torch.testing.assert_close(y[..., :8], x[..., :8])
+    torch.testing.assert_close(y[..., 8:], x[..., 8:] * value.scale + 1.0)
+    channel_first = ScaleShift(3, channel_dim=1)
+    with torch.no_grad():
+        channel_first.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    z = torch.randn(2, 3, 4, 4)
+    torch.testing.assert_close(channel_first(z), z * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
