@@ -334,6 +334,42 @@ def bench_swin_step(device, quick: bool) -> List[Dict]:
     return rows
 
 
+def _top_ops(fn: Callable, device, rows: int = 8) -> List[Dict]:
+    from torch.profiler import ProfilerActivity, profile
+    fn()  # warm
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total,
+                    reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    return [dict(op=e.key, calls=e.count, self_ms=e.self_cpu_time_total / 1e3,
+                 share=e.self_cpu_time_total / total) for e in events[:rows]]
+
+
+def bench_profiles(device, quick: bool) -> Dict[str, List[Dict]]:
+    """Where the time goes: the unit alone at ViT-B size, and a whole ViT-B
+    MoPPA training step."""
+    shape = (2, 4, 4, 32) if quick else (8, 14, 14, 768)
+    unit = MoPPAUnit(shape[-1], 2 if quick else 12, shape[1:3]).to(device)
+    x = torch.randn(*shape, device=device, requires_grad=True)
+    grad = torch.randn(*shape, device=device)
+    profiles = {'MoPPA unit forward+backward, ' + 'x'.join(map(str, shape)):
+                _top_ops(lambda: unit(x).backward(grad), device)}
+    name, build = _vit_variants(quick)[2]
+    backbone = build().to(device)
+    batch, size, dims = (2, 64, 64) if quick else (8, 224, 768)
+    head = nn.Linear(dims, 100).to(device)
+    params = [p for p in backbone.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params + list(head.parameters()), lr=1e-4)
+    step = _train_step_fn(backbone, head, torch.randn(batch, 3, size, size, device=device),
+                          torch.randint(0, 100, (batch, ), device=device), optimizer)
+    profiles[f'ViT-B {name} training step'] = _top_ops(step, device, rows=12)
+    return profiles
+
+
 # ------------------------------------------------------------------- report
 def _table(rows: List[Dict], formats: Dict[str, str]) -> str:
     keys = list(formats)
@@ -412,6 +448,9 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
         _table(results['swin'], dict(variant='', trainable=',', step_ms='.0f',
                                      peak_mb='.0f')),
         '',
+        *[line for title, ops in results['profiles'].items() for line in (
+            f'### Profile: {title} (top operators by self time)', '',
+            _table(ops, dict(op='', calls='', self_ms='.1f', share='.1%')), '')],
     ])
 
 
@@ -448,7 +487,8 @@ def main():
     start = time.time()
     results = {}
     for name, fn in (('dct', bench_dct), ('unit', bench_unit),
-                     ('vit', bench_vit_step), ('swin', bench_swin_step)):
+                     ('vit', bench_vit_step), ('swin', bench_swin_step),
+                     ('profiles', bench_profiles)):
         section_start = time.time()
         results[name] = fn(device, args.quick)
         print(f'[benchmarks] {name}: {time.time() - section_start:.0f} s', flush=True)

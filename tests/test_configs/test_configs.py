@@ -93,3 +93,18 @@ def test_user_config_inherits_through_the_package_scope(tmp_path):
     assert cfg.model.backbone.type == 'MoPPASwinTransformer'
     assert cfg.model.backbone.moppa_scope == 'global'
     assert cfg.model.backbone.embed_dims == 128
+
+
+def test_param_breakdown_tool_for_any_config():
+    import subprocess
+    import sys
+    from tests.conftest import child_env
+    result = subprocess.run(
+        [sys.executable, 'tools/analysis/param_breakdown.py',
+         'configs/vtab1k/moppa_vit-b-p16_mae-pre_vtab1k-dtd.py'],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # 217,572 adapters + the 47-class head (768 * 47 + 47)
+    assert 'trainable backbone parameters: 217,572' in result.stdout
+    assert 'trainable in all: 253,715' in result.stdout
+    assert 'backbone.moppa' in result.stdout and 'backbone.scale_shift' in result.stdout

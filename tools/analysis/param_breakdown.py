@@ -1,0 +1,49 @@
+"""Print total / trainable parameters per component for any config.
+
+    python tools/analysis/param_breakdown.py configs/cascade_moppa_swin_b_coco.py
+    python tools/analysis/param_breakdown.py configs/vtab1k/moppa_vit-b-p16_mae-pre_vtab1k-dtd.py
+
+The model is built as training builds it (the MoPPA backbones freeze themselves),
+without loading any checkpoint.
+"""
+import argparse
+
+import moppa_mm  # noqa: F401  registries, torchvision fix
+from mmengine.config import Config, DictAction
+from mmengine.registry import init_default_scope
+
+from moppa_mm.engine.hooks.peft_freeze_hook import DEFAULT_COMPONENTS
+from moppa_mm.utils.params import parameter_table
+
+
+def build_model(cfg):
+    scope = cfg.get('default_scope', 'mmdet')
+    init_default_scope(scope)
+    if scope == 'mmpretrain':
+        from mmpretrain.registry import MODELS
+    else:
+        from mmdet.registry import MODELS
+    cfg.model.backbone.init_cfg = None  # count, do not load
+    return MODELS.build(cfg.model)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args = parser.parse_args()
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    model = build_model(cfg)
+    table, counts = parameter_table(model, DEFAULT_COMPONENTS, title=args.config)
+    print(table)
+    backbone = sum(counts[k]['trainable'] for k in counts if k.startswith('backbone'))
+    print(f'trainable backbone parameters: {backbone:,} ({backbone / 1e6:.3f}M); '
+          f'trainable in all: {counts["total"]["trainable"]:,} '
+          f'({counts["total"]["trainable"] / 1e6:.3f}M)')
+
+
+if __name__ == '__main__':
+    main()
