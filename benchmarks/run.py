@@ -17,7 +17,6 @@ import os.path as osp
 import platform
 import statistics
 import sys
-import threading
 import time
 from typing import Callable, Dict, List
 
@@ -39,43 +38,20 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def _rss_bytes() -> int:
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-
-
 class PeakMemory:
-    """Peak memory growth over the block: CUDA allocator or sampled RSS."""
+    """Peak CUDA memory allocated over the block, above what was allocated before."""
 
     def __init__(self, device):
         self.device = device
         self.peak = 0
 
     def __enter__(self):
-        if self.device.type == 'cuda':
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-            return self
-        self.base = _rss_bytes()
-        self._max = self.base
-        self._stop = threading.Event()
-
-        def sample():
-            while not self._stop.is_set():
-                self._max = max(self._max, _rss_bytes())
-                time.sleep(0.001)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = torch.cuda.memory_allocated(self.device)
         return self
 
     def __exit__(self, *exc):
-        if self.device.type == 'cuda':
-            self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self._max, _rss_bytes()) - self.base
+        self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
 
 
 def timeit(fn: Callable, device, warmup: int, reps: int) -> float:

@@ -1,6 +1,8 @@
 """What the MoPPA backbones share: switching adapters off, re-initialising them
 after the base class's ``init_weights``, and the parameter breakdown."""
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
+
+from mmengine.config import ConfigDict
 
 from moppa_mm.utils.params import parameter_table
 
@@ -15,6 +17,20 @@ class AdapterMixin:
 
     ADAPTER_TYPES: Tuple[type, ...] = ()
     BREAKDOWN: Sequence[Tuple[str, Tuple[str, ...], str]] = ()
+
+    @staticmethod
+    def _check_moppa_cfg(moppa_cfg: Optional[dict], kwargs: dict) -> dict:
+        """Validate the unit's extra arguments (the backbone derives the dims,
+        heads and grid) and give the base class an attribute-style
+        ``init_cfg`` (mmdet's Swin reads ``init_cfg.checkpoint``)."""
+        moppa_cfg = dict(moppa_cfg or {})
+        for reserved in ('embed_dims', 'num_heads', 'grid_size'):
+            if reserved in moppa_cfg:
+                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
+                                 'backbone derives it')
+        if isinstance(kwargs.get('init_cfg'), dict):
+            kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
+        return moppa_cfg
 
     def _adapters(self):
         return [m for m in self.modules() if isinstance(m, self.ADAPTER_TYPES)]

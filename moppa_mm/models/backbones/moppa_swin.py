@@ -9,7 +9,6 @@ key conversion) load as they are; only adapter keys are new.
 from typing import Optional
 
 import torch.nn as nn
-from mmengine.config import ConfigDict
 from mmdet.models.backbones import SwinTransformer
 from mmdet.registry import MODELS
 
@@ -112,14 +111,7 @@ class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
                              f'of {SCOPES}')
         if adapter_ratio <= 0:
             raise ValueError(f'adapter_ratio must be > 0, got {adapter_ratio}')
-        moppa_cfg = dict(moppa_cfg or {})
-        for reserved in ('embed_dims', 'num_heads', 'grid_size'):
-            if reserved in moppa_cfg:
-                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
-                                 'backbone derives it from the stage')
-        if isinstance(kwargs.get('init_cfg'), dict):
-            # mmdet's Swin reads init_cfg.checkpoint as an attribute
-            kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
+        moppa_cfg = self._check_moppa_cfg(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
         self.moppa_scope = moppa_scope
         self.moppa_cfg = moppa_cfg

@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from mmengine.config import ConfigDict
 from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.registry import MODELS
 
@@ -71,13 +70,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                  use_scale_shift: bool = True,
                  freeze_pretrained: bool = True,
                  **kwargs) -> None:
-        moppa_cfg = dict(moppa_cfg or {})
-        for reserved in ('embed_dims', 'num_heads', 'grid_size'):
-            if reserved in moppa_cfg:
-                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
-                                 'backbone derives it')
-        if isinstance(kwargs.get('init_cfg'), dict):
-            kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
+        moppa_cfg = self._check_moppa_cfg(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
         self.moppa_cfg = moppa_cfg
         self.use_scale_shift = use_scale_shift
