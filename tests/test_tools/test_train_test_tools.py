@@ -167,3 +167,16 @@ def test_missing_checkpoint_and_unknown_option_fail_at_start(trained, tmp_path):
     cfg.work_dir = str(tmp_path)
     with pytest.raises(ValueError, match="unknown moppa_scope 'local'"):
         Runner.from_cfg(cfg)
+
+
+def test_dist_test_two_cpu_processes_reproduces_training_ap(trained, tmp_path):
+    env = child_env()
+    env.update(PYTHON=PYTHON, PORT=str(_free_port()))
+    ckpt = osp.join(trained['work'], 'iter_4.pth')
+    result = subprocess.run(
+        ['bash', 'tools/dist_test.sh', trained['config'], ckpt, '2', '--work-dir',
+         str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-3000:]
+    assert 'Distributed training: True' in log
+    assert same_metrics(logged_test_metrics(str(tmp_path)), val_metrics(trained['work']))
