@@ -60,7 +60,7 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(exclude=('tests', 'tests.*')),
     include_package_data=True,
-    package_data={'moppa_mm': ['.mim/configs/**/*', '.mim/tools/*',
+    package_data={'moppa_mm': ['.mim/configs/**/*', '.mim/tools/**/*',
                             '.mim/model-index.yml']},
     python_requires='>=3.8',
     install_requires=[
