@@ -4,7 +4,7 @@ checkpoint in the official release format. Nothing is downloaded."""
 import json
 import os
 import os.path as osp
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional
 
 import cv2
 import numpy as np

@@ -225,10 +225,14 @@ class MoPPAUnit(nn.Module):
         terms = self.expert_filters(size, device, dtype)
         route = self._route()
         weighted = {e: route[e].to(t.dtype) * t for e, t in terms.items()}
-        zeros = torch.zeros_like(next(iter(terms.values())))
-        spectral_filter = sum((weighted[e] for e in ('heat', 'wave') if e in weighted),
-                              zeros)
-        field = weighted.get('poisson', zeros)
+        multiplicative = [weighted[e] for e in ('heat', 'wave') if e in weighted]
+        if multiplicative:
+            spectral_filter = sum(multiplicative[1:], multiplicative[0])
+        else:  # Poisson alone: the field replaces X (Eq. 9)
+            spectral_filter = torch.zeros_like(weighted['poisson'])
+        field = weighted.get('poisson')
+        if field is None:
+            field = torch.zeros_like(spectral_filter)
         return spectral_filter, field
 
     def _param_state(self, size, device, dtype) -> tuple:

@@ -8,18 +8,18 @@ SPLITS = {
 }
 
 
-def _vtab():
-    from moppa_mm.datasets import VTAB1k
-    return VTAB1k
-
-
-def _fgvc():
-    from moppa_mm.datasets import FGVC
-    return FGVC
-
-
-# datasets that know how to check their own inputs (task names, split files)
-_DATASETS_WITH_PREFLIGHT = {'VTAB1k': _vtab, 'FGVC': _fgvc}
+def _dataset_preflight(type_name):
+    """The ``preflight(cfg)`` of a registered dataset class, if it has one
+    (datasets that know their own inputs: task names, split files)."""
+    if not isinstance(type_name, str):
+        return getattr(type_name, 'preflight', None)
+    from mmdet.registry import DATASETS as MMDET_DATASETS
+    from mmpretrain.registry import DATASETS as MMPRETRAIN_DATASETS
+    for registry in (MMPRETRAIN_DATASETS, MMDET_DATASETS):
+        cls = registry.get(type_name)
+        if cls is not None:
+            return getattr(cls, 'preflight', None)
+    return None
 
 
 def _is_remote(path: str) -> bool:
@@ -79,8 +79,9 @@ def check_config(cfg, mode: str = 'train') -> None:
     if load_from and not _is_remote(load_from) and not osp.isfile(load_from):
         raise FileNotFoundError(f'checkpoint not found: load_from = {load_from!r}')
     for where, ds in _datasets(cfg, mode):
-        if ds.get('type') in _DATASETS_WITH_PREFLIGHT:
-            _DATASETS_WITH_PREFLIGHT[ds['type']]().preflight(ds)
+        preflight = _dataset_preflight(ds.get('type'))
+        if preflight is not None:
+            preflight(ds)
             continue
         root = ds.get('data_root', '') or ''
         if root and not _is_remote(root) and not osp.isdir(root):

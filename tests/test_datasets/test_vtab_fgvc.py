@@ -51,3 +51,16 @@ def test_fgvc_json_splits(tmp_path):
         FGVC(str(tmp_path), 'cub', 'test')
     with pytest.raises(ValueError, match="unknown FGVC dataset 'cars'"):
         FGVC(str(tmp_path), 'cars', 'train')
+
+
+def test_preflight_uses_the_dataset_class_from_the_registry(tmp_path):
+    from mmengine.config import Config
+
+    from moppa_mm.utils.preflight import check_config
+    cfg = Config(dict(train_dataloader=dict(dataset=dict(
+        type='VTAB1k', data_root=str(tmp_path), task='svhn10'))))
+    with pytest.raises(ValueError, match="unknown VTAB-1K task 'svhn10'"):
+        check_config(cfg)
+    cfg.train_dataloader.dataset.task = 'svhn'
+    with pytest.raises(FileNotFoundError, match='task folder not found'):
+        check_config(cfg)

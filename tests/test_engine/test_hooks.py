@@ -104,7 +104,10 @@ def test_route_loss_reaches_classifiers_too():
     assert set(losses) == {'loss_cls', 'loss_route'}
     assert math.isclose(losses['loss_route'].item(), 0.5 * math.log(1 / 3),
                         rel_tol=1e-5)
-    assert 'loss_route' not in dict(out=model(torch.randn(1, 3, 3, 4)))
+    out = model(torch.randn(1, 3, 3, 4))  # mode='tensor': output untouched
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 3, 3, 4)
+    model.eval()
+    assert set(model(torch.randn(2, 3, 3, 4), mode='loss')) == {'loss_cls'}
     handle.remove()
 
 

@@ -1,7 +1,6 @@
 """The tools as users run them: separate processes, real files, real kills."""
 import glob
 import json
-import os
 import os.path as osp
 import signal
 import socket
