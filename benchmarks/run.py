@@ -29,6 +29,7 @@ sys.path.insert(0, ROOT)
 
 import moppa_mm  # noqa: E402,F401
 from moppa_mm.operators import MoPPAUnit, dct2d, idct2d  # noqa: E402
+from moppa_mm.operators.dct import KRON_MAX_TOKENS  # noqa: E402
 from moppa_mm.operators.dct_fft import dct2d_fft, idct2d_fft  # noqa: E402
 
 
@@ -54,17 +55,29 @@ class PeakMemory:
         self.peak = torch.cuda.max_memory_allocated(self.device) - self.base
 
 
-def timeit(fn: Callable, device, warmup: int, reps: int) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def interleaved(steps: Dict[str, Callable], device, warmup: int, rounds: int
+                ) -> Dict[str, List[float]]:
+    """Time several variants in alternating rounds (one call of each per round,
+    the order reversed every other round), so that drifts of a noisy machine
+    hit all variants alike; ratios are then taken round by round."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in steps}
+    for round_idx in range(rounds):
+        names = list(steps) if round_idx % 2 == 0 else list(reversed(steps))
+        for name in names:
+            _sync(device)
+            start = time.perf_counter()
+            steps[name]()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratio(times: Dict[str, List[float]], name: str, base: str) -> float:
+    """Median over rounds of ``name``'s time over ``base``'s in the same round."""
+    return statistics.median(a / b for a, b in zip(times[name], times[base]))
 
 
 def peak_memory(fn: Callable, device, model: nn.Module) -> int:
@@ -93,22 +106,32 @@ def peak_memory(fn: Callable, device, model: nn.Module) -> int:
 
 # ------------------------------------------------------------------ sections
 def bench_dct(device, quick: bool) -> List[Dict]:
-    """Matmul with cached bases vs FFT, forward + inverse, float32."""
-    sizes = [(7, 7), (14, 14), (28, 28)] if quick else \
-        [(7, 7), (14, 14), (28, 28), (56, 56), (100, 100), (200, 334)]
+    """DCT + inverse, float32, three ways: one matmul with the Kronecker basis
+    (small grids only), two matmuls with cached bases, and the FFT; with what
+    ``method='auto'`` picks."""
+    sizes = [(7, 7), (14, 14)] if quick else \
+        [(7, 7), (8, 8), (10, 10), (12, 12), (14, 14), (28, 28), (56, 56),
+         (100, 100), (200, 334)]
     channels = 16 if quick else 128
     rows = []
     for h, w in sizes:
         batch = max(1, (64 * 64 * 8) // (h * w)) if not quick else 2
         x = torch.randn(batch, h, w, channels, device=device)
-        matmul = timeit(lambda: idct2d(dct2d(x)), device, 2, 5)
-        fft = timeit(lambda: idct2d_fft(dct2d_fft(x)), device, 2, 5)
-        rows.append(dict(grid=f'{batch}x{h}x{w}x{channels}', matmul_ms=matmul * 1e3,
-                         fft_ms=fft * 1e3, fft_over_matmul=fft / matmul))
+        methods = {'separable': lambda: idct2d(dct2d(x, 'separable'), 'separable'),
+                   'fft': lambda: idct2d_fft(dct2d_fft(x))}
+        if h * w <= 400:  # the (HW, HW) basis grows as the grid squared
+            methods['kron'] = lambda: idct2d(dct2d(x, 'kron'), 'kron')
+        times = interleaved(methods, device, 2, 7)
+        ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        rows.append(dict(grid=f'{batch}x{h}x{w}x{channels}',
+                         kron_ms=ms.get('kron', float('nan')),
+                         separable_ms=ms['separable'], fft_ms=ms['fft'],
+                         auto='kron' if h * w <= KRON_MAX_TOKENS else 'separable',
+                         fastest=min(ms, key=ms.get)))
     return rows
 
 
-def _block_time(block: nn.Module, x: torch.Tensor, device, train: bool, reps: int):
+def _block_step(block: nn.Module, x: torch.Tensor, train: bool) -> Callable:
     if train:
         x = x.detach().requires_grad_(True)
         with torch.no_grad():
@@ -122,7 +145,7 @@ def _block_time(block: nn.Module, x: torch.Tensor, device, train: bool, reps: in
         def step():
             with torch.no_grad():
                 block(x)
-    return timeit(step, device, 2, reps)
+    return step
 
 
 def bench_unit(device, quick: bool) -> List[Dict]:
@@ -155,10 +178,6 @@ def bench_unit(device, quick: bool) -> List[Dict]:
     for name, shape, heads, make_block, block_shape in cases:
         unit = MoPPAUnit(shape[-1], heads, shape[1:3]).to(device)
         x = torch.randn(*shape, device=device)
-        unit.train()
-        unit_train = _block_time(unit, x, device, True, 3 if quick else 5)
-        unit.eval()
-        unit_eval = _block_time(unit, x, device, False, 3 if quick else 5)
         block = make_block().to(device)
         for p in block.parameters():
             p.requires_grad_(False)  # frozen, as in PEFT
@@ -169,13 +188,21 @@ def bench_unit(device, quick: bool) -> List[Dict]:
         else:
             tokens = torch.randn(*block_shape, device=device)
             wrapper = block
-        block_train = _block_time(wrapper, tokens, device, True, 3)
-        block_eval = _block_time(wrapper, tokens, device, False, 3)
-        rows.append(dict(case=name, unit_train_ms=unit_train * 1e3,
-                         block_train_ms=block_train * 1e3,
-                         train_share=unit_train / block_train,
-                         unit_eval_ms=unit_eval * 1e3, block_eval_ms=block_eval * 1e3,
-                         eval_share=unit_eval / block_eval))
+        rounds = 3 if quick else 7
+        unit.train()
+        train = interleaved(dict(unit=_block_step(unit, x, True),
+                                 block=_block_step(wrapper, tokens, True)),
+                            device, 2, rounds)
+        unit.eval()
+        infer = interleaved(dict(unit=_block_step(unit, x, False),
+                                 block=_block_step(wrapper, tokens, False)),
+                            device, 2, rounds)
+        rows.append(dict(case=name, unit_train_ms=statistics.median(train['unit']) * 1e3,
+                         block_train_ms=statistics.median(train['block']) * 1e3,
+                         train_share=ratio(train, 'unit', 'block'),
+                         unit_eval_ms=statistics.median(infer['unit']) * 1e3,
+                         block_eval_ms=statistics.median(infer['block']) * 1e3,
+                         eval_share=ratio(infer, 'unit', 'block')))
     return rows
 
 
@@ -241,7 +268,7 @@ def bench_vit_step(device, quick: bool) -> List[Dict]:
     size = 64 if quick else 224
     images = torch.randn(batch, 3, size, size, device=device)
     labels = torch.randint(0, 100, (batch, ), device=device)
-    rows = []
+    variants, train_steps, infer_steps = {}, {}, {}
     for name, build in _vit_variants(quick):
         torch.manual_seed(0)
         backbone = build().to(device)
@@ -249,21 +276,31 @@ def bench_vit_step(device, quick: bool) -> List[Dict]:
         head = nn.Linear(dims, 100).to(device)
         params = [p for p in backbone.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params + list(head.parameters()), lr=1e-4)
-        backbone.train()
-        step = _train_step_fn(backbone, head, images, labels, optimizer)
-        train = timeit(step, device, 1 if quick else 2, 3 if quick else 5)
-        memory = peak_memory(step, device, backbone)
-        backbone.eval()
+        variants[name] = (backbone, params)
+        train_steps[name] = _train_step_fn(backbone, head, images, labels, optimizer)
 
-        def infer():
+        def infer(backbone=backbone, head=head):
             with torch.no_grad():
                 head(backbone(images)[-1])
 
-        infer_time = timeit(infer, device, 1 if quick else 2, 3 if quick else 5)
-        rows.append(dict(variant=name, trainable=sum(p.numel() for p in params),
-                         step_ms=train * 1e3, peak_mb=memory / 2**20,
-                         eval_img_s=batch / infer_time))
-    return rows
+        infer_steps[name] = infer
+    for backbone, _ in variants.values():
+        backbone.train()
+    train = interleaved(train_steps, device, 1 if quick else 2, 3 if quick else 9)
+    memory = {name: peak_memory(train_steps[name], device, variants[name][0])
+              for name in variants}
+    for backbone, _ in variants.values():
+        backbone.eval()
+    infer = interleaved(infer_steps, device, 1 if quick else 2, 3 if quick else 9)
+    ssf, lora = '+ scale & shift only', '+ LoRA on qkv, matched params'
+    return [dict(variant=name, trainable=sum(p.numel() for p in params),
+                 step_ms=statistics.median(train[name]) * 1e3,
+                 step_vs_ssf=ratio(train, name, ssf), step_vs_lora=ratio(train, name, lora),
+                 peak_mb=memory[name] / 2**20,
+                 eval_img_s=batch / statistics.median(infer[name]),
+                 eval_vs_ssf=1 / ratio(infer, name, ssf),
+                 eval_vs_lora=1 / ratio(infer, name, lora))
+            for name, (_, params) in variants.items()]
 
 
 def bench_swin_step(device, quick: bool) -> List[Dict]:
@@ -283,7 +320,7 @@ def bench_swin_step(device, quick: bool) -> List[Dict]:
         ('MoPPA + conv adapters (global)',
          lambda: MoPPASwinTransformer(**cfg, moppa_scope='global'), True),
     ]
-    rows = []
+    steps, models = {}, {}
     for name, build, through in variants:
         torch.manual_seed(0)
         model = build().to(device)
@@ -291,10 +328,10 @@ def bench_swin_step(device, quick: bool) -> List[Dict]:
             model.requires_grad_(False)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-4) if params else None
-        inputs = images.requires_grad_(True) if through and not params else images
+        inputs = images.detach().requires_grad_(through and not params)
         model.train()
 
-        def step():
+        def step(model=model, inputs=inputs, through=through, optimizer=optimizer):
             outs = model(inputs)
             if through:
                 sum(o.float().square().mean() for o in outs).backward()
@@ -302,12 +339,14 @@ def bench_swin_step(device, quick: bool) -> List[Dict]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
-        train = timeit(step, device, 1, 2 if quick else 3)
-        memory = peak_memory(step, device, model)
-        rows.append(dict(variant=name, trainable=sum(p.numel() for p in params),
-                         step_ms=train * 1e3, peak_mb=memory / 2**20))
-        images = images.detach()
-    return rows
+        steps[name], models[name] = step, (model, params)
+    times = interleaved(steps, device, 1, 2 if quick else 5)
+    base = 'frozen Swin, backward through it'
+    return [dict(variant=name, trainable=sum(p.numel() for p in params),
+                 step_ms=statistics.median(times[name]) * 1e3,
+                 step_vs_through=ratio(times, name, base),
+                 peak_mb=peak_memory(steps[name], device, model) / 2**20)
+            for name, (model, params) in models.items()]
 
 
 def _top_ops(fn: Callable, device, rows: int = 8) -> List[Dict]:
@@ -374,25 +413,30 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
     window = swin['MoPPA + conv adapters (window)']
     glob = swin['MoPPA + conv adapters (global)']
     frozen = swin['frozen Swin, no backward into it']
+    def pct(value):
+        return f'{100 * (value - 1):+.1f}%'
+
     summary = [
         f'- ViT-B training step, MoPPA over scale & shift only: '
-        f'{100 * (ours["step_ms"] / ssf["step_ms"] - 1):+.1f}% (target <= +3%); '
-        f'eval throughput {100 * (ours["eval_img_s"] / ssf["eval_img_s"] - 1):+.1f}% '
-        f'(target >= -2%).',
+        f'{pct(ours["step_vs_ssf"])} (target <= +3%); eval throughput '
+        f'{pct(ours["eval_vs_ssf"])} (target >= -2%).',
         f'- ViT-B, MoPPA against LoRA at matched parameters ({ours["trainable"]:,} vs '
-        f'{lora["trainable"]:,}): training step {100 * (ours["step_ms"] / lora["step_ms"] - 1):+.1f}%, '
-        f'eval throughput {100 * (ours["eval_img_s"] / lora["eval_img_s"] - 1):+.1f}%, '
+        f'{lora["trainable"]:,}): training step {pct(ours["step_vs_lora"])}, '
+        f'eval throughput {pct(ours["eval_vs_lora"])}, '
         f'memory {ours["peak_mb"]:.0f} vs {lora["peak_mb"]:.0f} MB.',
         f'- Swin-B backbone training step, MoPPA + conv adapters (window) over the frozen '
-        f'backbone with backward through it: {100 * (window["step_ms"] / through["step_ms"] - 1):+.1f}% '
-        f'(target <= +8%); memory {100 * (window["peak_mb"] / max(through["peak_mb"], 1e-9) - 1):+.1f}% '
-        f'(target <= +10%). Global scope: {100 * (glob["step_ms"] / through["step_ms"] - 1):+.1f}%. '
+        f'backbone with backward through it: {pct(window["step_vs_through"])} '
+        f'(target <= +8%); memory {pct(window["peak_mb"] / max(through["peak_mb"], 1e-9))} '
+        f'(target <= +10%). Global scope: {pct(glob["step_vs_through"])}, memory '
+        f'{pct(glob["peak_mb"] / max(through["peak_mb"], 1e-9))}. '
         f'Against a frozen backbone that needs no backward at all (what full PEFT must pay '
-        f'to reach adapters in stage 1): x{window["step_ms"] / frozen["step_ms"]:.2f}.',
+        f'to reach adapters in stage 1): x{window["step_vs_through"] / frozen["step_vs_through"]:.2f}.',
     ]
-    crossover = [r['grid'] for r in results['dct'] if r['fft_over_matmul'] < 1]
-    summary.append('- DCT: the FFT is faster than the cached-basis matmul at: '
-                   f'{", ".join(crossover) if crossover else "no measured size"}.')
+    picks = [f'{r["grid"]}: {r["fastest"]}' for r in results['dct']]
+    misses = [r['grid'] for r in results['dct'] if r['fastest'] != r['auto']]
+    summary.append('- DCT, fastest method per grid: ' + ', '.join(picks) + '. '
+                   + ('`auto` picks the fastest everywhere.' if not misses else
+                      f'`auto` misses the fastest at: {", ".join(misses)}.'))
     return '\n'.join([
         f'## {device.type.upper()}: {machine(device)}',
         '',
@@ -403,26 +447,31 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
         '',
         *summary,
         '',
+        'Times are medians over alternating rounds; ratios are medians of the per-round '
+        'ratios (the variants run one after another in each round, so the drifts of a '
+        'shared machine hit them alike).',
+        '',
         '### MoPPA unit alone vs the block it sits in (frozen block, fwd+bwd / eval fwd)',
         '',
         _table(results['unit'], dict(case='', unit_train_ms='.2f', block_train_ms='.1f',
                                      train_share='.2%', unit_eval_ms='.2f',
                                      block_eval_ms='.1f', eval_share='.2%')),
         '',
-        '### DCT + inverse: cached-basis matmul vs FFT',
+        '### DCT + inverse: Kronecker matmul vs separable matmuls vs FFT',
         '',
-        _table(results['dct'], dict(grid='', matmul_ms='.2f', fft_ms='.2f',
-                                    fft_over_matmul='.2f')),
+        _table(results['dct'], dict(grid='', kron_ms='.2f', separable_ms='.2f',
+                                    fft_ms='.2f', auto='', fastest='')),
         '',
         '### ViT-B/16 training step (batch 8, 224, AdamW) and eval throughput',
         '',
         _table(results['vit'], dict(variant='', trainable=',', step_ms='.0f',
-                                    peak_mb='.0f', eval_img_s='.2f')),
+                                    step_vs_ssf='.3f', peak_mb='.0f', eval_img_s='.2f',
+                                    eval_vs_ssf='.3f')),
         '',
         '### Swin-B backbone training step (batch 1, 800x1333)',
         '',
         _table(results['swin'], dict(variant='', trainable=',', step_ms='.0f',
-                                     peak_mb='.0f')),
+                                     step_vs_through='.3f', peak_mb='.0f')),
         '',
         *[line for title, ops in results['profiles'].items() for line in (
             f'### Profile: {title} (top operators by self time)', '',

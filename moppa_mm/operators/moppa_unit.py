@@ -20,6 +20,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from .dct import dct2d, dct_frequencies, idct2d
 
@@ -66,6 +67,39 @@ def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
         param.unsqueeze(0), grid, mode=mode, padding_mode='border',
         align_corners=True)  # (1, N, H, W)
     return resized.squeeze(0)
+
+
+class _SpectralFilter(torch.autograd.Function):
+    """``field + spectrum * filter`` (Eq. 11 in the DCT domain), with the
+    filter and field (H, W, C) broadcast over the leading dims of the spectrum.
+
+    Autograd's ``addcmul`` backward spends a pass over the spectrum multiplying
+    it by the scalar ``value`` and another reducing a product it materialises;
+    here the filter's gradient is one fused dot product over the leading dims
+    and nothing is scaled by 1.
+    """
+
+    @staticmethod
+    def forward(ctx, spectrum, spectral_filter, field):
+        ctx.save_for_backward(spectrum if ctx.needs_input_grad[1] else None,
+                              spectral_filter if ctx.needs_input_grad[0] else None)
+        return torch.addcmul(field, spectrum, spectral_filter)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        spectrum, spectral_filter = ctx.saved_tensors
+        grid = grad.shape[-3:]  # (H, W, C), the filter's and field's shape
+        flat = grad.reshape(-1, grid.numel())  # (leading, H*W*C)
+        grad_spectrum = grad_filter = grad_field = None
+        if ctx.needs_input_grad[0]:
+            grad_spectrum = grad * spectral_filter
+        if ctx.needs_input_grad[1]:
+            grad_filter = torch.linalg.vecdot(
+                flat, spectrum.reshape(flat.shape), dim=0).view(grid)
+        if ctx.needs_input_grad[2]:
+            grad_field = flat.sum(0).view(grid)
+        return grad_spectrum, grad_filter, grad_field
 
 
 class MoPPAUnit(nn.Module):
@@ -268,7 +302,10 @@ class MoPPAUnit(nn.Module):
         else:
             spectral_filter, field = self.filter_and_field(size, x.device, x.dtype)
         spectrum = dct2d(x)  # (..., H, W, C)
-        spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
+        if torch.is_grad_enabled():
+            spectrum = _SpectralFilter.apply(spectrum, spectral_filter, field)
+        else:
+            spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         return idct2d(spectrum)
 
     # -------------------------------------------------------------- reporting

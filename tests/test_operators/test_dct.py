@@ -6,16 +6,18 @@ import torch
 from moppa_mm.operators import dct2d, dct_basis, dct_frequencies, idct2d
 
 
+@pytest.mark.parametrize('method', ['auto', 'kron', 'separable'])
 @pytest.mark.parametrize('shape', [(2, 1, 9, 3), (1, 7, 7, 4), (3, 14, 14, 2),
-                                   (1, 50, 68, 3), (2, 5, 1, 2)])
-def test_dct_matches_scipy(shape):
+                                   (1, 50, 68, 3), (2, 5, 1, 2), (2, 3, 7, 5, 2)])
+def test_dct_matches_scipy(shape, method):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape)
-    ours = dct2d(torch.from_numpy(x)).numpy()
-    ref = scipy.fft.dctn(x, type=2, axes=(1, 2), norm='ortho')
+    axes = (-3, -2)
+    ours = dct2d(torch.from_numpy(x), method).numpy()
+    ref = scipy.fft.dctn(x, type=2, axes=axes, norm='ortho')
     np.testing.assert_allclose(ours, ref, atol=1e-10, rtol=0)
-    ours_inv = idct2d(torch.from_numpy(x)).numpy()
-    ref_inv = scipy.fft.idctn(x, type=2, axes=(1, 2), norm='ortho')
+    ours_inv = idct2d(torch.from_numpy(x), method).numpy()
+    ref_inv = scipy.fft.idctn(x, type=2, axes=axes, norm='ortho')
     np.testing.assert_allclose(ours_inv, ref_inv, atol=1e-10, rtol=0)
 
 
@@ -46,9 +48,22 @@ def test_autograd_through_dct():
     assert torch.autograd.gradcheck(lambda t: idct2d(dct2d(t) * 2.0), (x, ))
 
 
+def test_auto_method_picks_kron_for_small_grids():
+    from moppa_mm.operators.dct import KRON_MAX_TOKENS, kron_basis
+    x = torch.randn(2, 7, 7, 3, dtype=torch.float64)
+    # the Kronecker basis is the separable transform written as one matrix
+    basis = kron_basis(7, 7, device='cpu', dtype=torch.float64)
+    expected = (basis @ x.reshape(2, 49, 3)).reshape(x.shape)
+    torch.testing.assert_close(dct2d(x, 'separable'), expected)
+    assert kron_basis(7, 7, device='cpu', dtype=torch.float64) is basis
+    assert 7 * 7 <= KRON_MAX_TOKENS < 14 * 14
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match='channel-last'):
         dct2d(torch.randn(4, 4))
+    with pytest.raises(ValueError, match="unknown DCT method 'fft'"):
+        dct2d(torch.randn(1, 4, 4, 2), 'fft')
     with pytest.raises(ValueError, match='>= 1'):
         dct_basis(0)
 

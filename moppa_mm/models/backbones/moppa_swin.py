@@ -2,7 +2,7 @@
 
 A subclass of mmdet's ``SwinTransformer``: after ``super().__init__()`` every
 block gets a MoPPA unit before its (shifted-)window attention and a 3x3 conv
-adapter before its FFN. They are wired in with forward pre-hooks, so none of the
+adapter before its FFN (on the output of ``norm2``). They are wired in with hooks, so none of the
 base class's parameter names change and official checkpoints (and mmdet's Swin
 key conversion) load as they are; only adapter keys are new.
 """
@@ -49,7 +49,11 @@ class SwinMoPPAUnit(MoPPAUnit):
 
 
 class SwinConvAdapter(ConvAdapter):
-    """A :class:`ConvAdapter` with the pre-hooks that put it before a Swin FFN."""
+    """A :class:`ConvAdapter` with the hooks that put it before a Swin FFN.
+
+    It transforms the output of the block's ``norm2``, which only the FFN reads,
+    so it can recompute that output from the norm's input in backward instead
+    of saving it (:meth:`ConvAdapter.forward_after_norm`)."""
 
     enabled = True
 
@@ -58,14 +62,13 @@ class SwinConvAdapter(ConvAdapter):
         self.hw_shape = tuple(args[1])
         return None
 
-    def ffn_hook(self, ffn: nn.Module, args: tuple, kwargs: dict):
-        """Before ``FFN.forward(x, identity)``, after ``norm2``."""
+    def norm_hook(self, norm: nn.Module, args: tuple, output):
+        """After ``norm2``, i.e. right before ``FFN.forward(x, identity)``."""
         if not self.enabled:
             return None
-        x, *rest = args  # (B, H*W, C)
-        batch, _, channels = x.shape
-        x = self(x.view(batch, *self.hw_shape, channels))  # (B, H, W, C)
-        return (x.view(batch, -1, channels), *rest), kwargs
+        batch, _, channels = output.shape  # (B, H*W, C)
+        x = output.view(batch, *self.hw_shape, channels)  # (B, H, W, C)
+        return self.forward_after_norm(x, args[0], norm).view(batch, -1, channels)
 
 
 @MODELS.register_module()
@@ -143,7 +146,6 @@ class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
-            # the FFN is called without the grid shape: take it from the block
+            # norm2's output feeds only the FFN; the grid comes from the block
             block.register_forward_pre_hook(block.conv_adapter.block_hook)
-            block.ffn.register_forward_pre_hook(block.conv_adapter.ffn_hook,
-                                                with_kwargs=True)
+            block.norm2.register_forward_hook(block.conv_adapter.norm_hook)

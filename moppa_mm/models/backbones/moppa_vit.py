@@ -35,8 +35,11 @@ class ViTMoPPAUnit(MoPPAUnit):
         if not self.enabled:
             return None
         x, *rest = args  # (B, extra + H*W, C), after ln1
-        batch, _, channels = x.shape
-        extra, patches = x[:, :self.num_extra_tokens], x[:, self.num_extra_tokens:]
+        batch, tokens, channels = x.shape
+        # split, not slicing: its backward is one concatenation, where each
+        # slice's backward would fill a zero tensor of the full size
+        extra, patches = x.split(
+            [self.num_extra_tokens, tokens - self.num_extra_tokens], dim=1)
         patches = self(patches.reshape(batch, *self.hw_shape, channels))  # (B, H, W, C)
         x = torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
         return (x, *rest)

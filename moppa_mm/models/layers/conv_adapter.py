@@ -1,6 +1,10 @@
 """The 3x3 convolution adapter that MoPPA puts before each Swin FFN (paper supp.)."""
+from typing import Optional
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 
 class ConvAdapter(nn.Module):
@@ -10,6 +14,11 @@ class ConvAdapter(nn.Module):
     (done as Linear layers on (B, H, W, C), no permute), the 3x3 convolution
     runs on the ``hidden_dims`` bottleneck. ``up`` starts at zero, so the adapter
     starts as the identity and the pre-trained block's output is unchanged.
+
+    When ``x`` is the output of a LayerNorm, :meth:`forward_after_norm` gives the
+    same result and gradients while saving only the two bottleneck tensors for
+    backward: ``x`` itself (C channels) is recomputed from the norm's input,
+    which the norm already keeps, and the activation from its input.
 
     Args:
         embed_dims (int): Channels ``C``.
@@ -42,3 +51,81 @@ class ConvAdapter(nn.Module):
         hidden = self.conv(hidden.permute(0, 3, 1, 2))  # (B, r, H, W)
         hidden = self.act(hidden).permute(0, 2, 3, 1)  # (B, H, W, r)
         return x + self.up(hidden)  # (B, H, W, C)
+
+    def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor,
+                           norm: nn.LayerNorm) -> torch.Tensor:
+        """:meth:`forward` for ``x = norm(norm_input)``, lean on memory.
+
+        ``x``: (B, H, W, C); ``norm_input`` any shape with as many elements.
+        Gradients reach ``x`` (and through it the norm) and the adapter's own
+        parameters exactly as with :meth:`forward`.
+        """
+        if not isinstance(norm, nn.LayerNorm) or not torch.is_grad_enabled():
+            return self.forward(x)
+        if type(self.act) is not nn.GELU or self.act.approximate != 'none':
+            return self.forward(x)
+        return _ConvAdapterFunction.apply(x, norm_input, norm, self.down.weight,
+                                          self.down.bias, self.conv.weight,
+                                          self.conv.bias, self.up.weight,
+                                          self.up.bias)
+
+
+def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+class _ConvAdapterFunction(torch.autograd.Function):
+    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``.
+
+    Autograd would save ``x`` for the ``down`` weight's gradient and both the
+    convolution's output and the activation: ``C + 3r`` channels per token.
+    Here only the convolution's input and output are saved (``2r``); ``x`` is
+    recomputed from ``norm_input`` (already saved by the LayerNorm, so sharing
+    it costs nothing) and the activation from the convolution's output.
+    """
+
+    @staticmethod
+    def forward(ctx, x, norm_input, norm, down_w, down_b, conv_w, conv_b,
+                up_w, up_b):
+        hidden = F.linear(x, down_w, down_b).permute(0, 3, 1, 2)  # (B, r, H, W)
+        pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)  # (B, r, H, W)
+        act = F.gelu(pre_act).permute(0, 2, 3, 1)  # (B, H, W, r)
+        out = torch.addmm(up_b, act.reshape(-1, act.shape[-1]), up_w.t())
+        out = out.view(x.shape).add_(x)
+        ctx.norm = norm
+        ctx.save_for_backward(norm_input, hidden, pre_act, down_w, conv_w, up_w)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        norm_input, hidden, pre_act, down_w, conv_w, up_w = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        embed_dims, hidden_dims = up_w.shape
+        grad_flat = grad_out.reshape(-1, embed_dims)  # (BHW, C)
+        act = F.gelu(pre_act).permute(0, 2, 3, 1).reshape(-1, hidden_dims)
+        grad_up_w = grad_flat.t().mm(act) if needs[7] else None
+        grad_up_b = grad_flat.sum(0) if needs[8] else None
+        grad_act = grad_flat.mm(up_w).view(act.shape)  # (BHW, r)
+        b, _, h, w = pre_act.shape
+        grad_act = grad_act.view(b, h, w, hidden_dims).permute(0, 3, 1, 2)
+        grad_pre = torch.ops.aten.gelu_backward(grad_act, pre_act)
+        grad_hidden, grad_conv_w, grad_conv_b = torch.ops.aten.convolution_backward(
+            grad_pre, hidden, conv_w, [hidden_dims], [1, 1], [1, 1], [1, 1],
+            False, [0, 0], 1, [True, needs[5], needs[6]])
+        grad_hidden = grad_hidden.permute(0, 2, 3, 1).reshape(-1, hidden_dims)
+        grad_x = None
+        if needs[0]:
+            grad_x = torch.addmm(grad_flat, grad_hidden, down_w).view(grad_out.shape)
+        grad_down_w = grad_down_b = None
+        if needs[3]:
+            with torch.no_grad():
+                x = _layer_norm(ctx.norm, norm_input).reshape(-1, embed_dims)
+            grad_down_w = grad_hidden.t().mm(x)
+        if needs[4]:
+            grad_down_b = grad_hidden.sum(0)
+        return (grad_x, None, None, grad_down_w, grad_down_b, grad_conv_w,
+                grad_conv_b, grad_up_w, grad_up_b)
+
+
+__all__ = ['ConvAdapter']

@@ -120,6 +120,38 @@ def test_trainable_set_and_init_weights_keep_adapters_neutral():
     assert moppa.stages[0].blocks[0].conv_adapter.up.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_lean_conv_adapter_matches_plain_autograd(with_cp):
+    """In the backbone, the conv adapter's memory-lean backward (norm2's output
+    recomputed) gives the gradients that plain autograd gives."""
+    torch.manual_seed(0)
+    lean = MoPPASwinTransformer(**TINY, with_cp=with_cp)
+    with torch.no_grad():
+        for module in lean.modules():
+            if isinstance(module, SwinConvAdapter):
+                module.up.weight.normal_(0, 0.1)  # away from the zero init
+    plain = copy.deepcopy(lean)
+    for module in plain.modules():
+        if isinstance(module, SwinConvAdapter):  # the reference: plain forward
+            module.forward_after_norm = lambda x, src, norm, m=module: m(x)
+    seen = []
+    lean.stages[1].blocks[1].norm2.register_forward_hook(  # after the adapter's
+        lambda m, args, out: seen.append(out.grad_fn and  # a view of the adapter's
+                                         out.grad_fn.next_functions[0][0].name()))
+    x = torch.randn(1, 3, 64, 64, requires_grad=with_cp)
+    grads = []
+    for model in (lean, plain):
+        outs = model(x)
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum()
+            for o in outs).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    # (a reentrant checkpoint runs forward without grad, then again in backward)
+    assert '_ConvAdapterFunctionBackward' in seen
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
 def test_gradient_checkpointing():
     moppa = MoPPASwinTransformer(**TINY, with_cp=True)
     x = torch.randn(1, 3, 64, 64, requires_grad=True)

@@ -1,0 +1,90 @@
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from moppa_mm.models.layers import ConvAdapter
+
+
+def _adapter_and_norm(dtype=torch.float32, channels=6, hidden=3):
+    torch.manual_seed(0)
+    adapter = ConvAdapter(channels, hidden).to(dtype)
+    with torch.no_grad():  # leave the identity init: every path must carry gradient
+        for p in adapter.parameters():
+            p.normal_(0, 0.5)
+    norm = nn.LayerNorm(channels).to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1, 0.3)
+        norm.bias.normal_(0, 0.3)
+    return adapter, norm
+
+
+def test_identity_at_init():
+    adapter = ConvAdapter(8, 2)
+    x = torch.randn(2, 5, 4, 8)
+    torch.testing.assert_close(adapter(x), x)
+
+
+def test_bad_hidden_dims():
+    with pytest.raises(ValueError, match='hidden_dims must be >= 1'):
+        ConvAdapter(8, 0)
+
+
+def test_forward_after_norm_gradcheck():
+    """The hand-written backward against numerical differentiation, through
+    the norm and into every adapter parameter."""
+    adapter, norm = _adapter_and_norm(torch.float64)
+    source = torch.randn(2, 4, 5, 6, dtype=torch.float64, requires_grad=True)
+    params = list(adapter.parameters())
+
+    def fn(source, *params):
+        return adapter.forward_after_norm(norm(source), source, norm)
+
+    assert torch.autograd.gradcheck(fn, (source, *params))
+
+
+def test_forward_after_norm_matches_autograd_and_saves_less():
+    adapter, norm = _adapter_and_norm(channels=32, hidden=4)
+    reference = copy.deepcopy(adapter)
+    source = torch.randn(2, 9, 7, 32)
+    grad = torch.randn(2, 9, 7, 32)
+
+    def run(module, lean):
+        src = source.clone().requires_grad_(True)
+        saved = {}
+        skip = {p.data_ptr() for p in [*module.parameters(), *norm.parameters()]}
+        skip.add(src.untyped_storage().data_ptr())  # the norm keeps it anyway
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in skip:
+                saved[storage.data_ptr()] = t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            x = norm(src)
+            out = module.forward_after_norm(x, src, norm) if lean else module(x)
+        out.backward(grad)
+        return out, src.grad, [p.grad for p in module.parameters()], sum(saved.values())
+
+    out, grad_src, grads, saved = run(adapter, lean=True)
+    ref_out, ref_grad_src, ref_grads, ref_saved = run(reference, lean=False)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(grad_src, ref_grad_src)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref)
+    tokens = 2 * 9 * 7
+    # both: the norm's mean and rstd (1 + 1 per token). Autograd also keeps the
+    # normed input (C) and three bottleneck tensors (3r); the lean path only
+    # the convolution's input and output (2r)
+    assert ref_saved == tokens * (2 + 32 + 3 * 4)
+    assert saved == tokens * (2 + 2 * 4)
+
+
+def test_forward_after_norm_falls_back_without_grad():
+    adapter, norm = _adapter_and_norm()
+    source = torch.randn(1, 3, 3, 6)
+    with torch.no_grad():
+        lean = adapter.forward_after_norm(norm(source), source, norm)
+        torch.testing.assert_close(lean, adapter(norm(source)))
