@@ -254,20 +254,43 @@ class MoPPAUnit(nn.Module):
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The fused spectral filter and additive field of Eq. 11, each (H, W, C):
-        ``filter = a1 heat + a2 wave`` and ``field = a3 poisson``."""
+        ``filter = a1 heat + a2 wave`` and ``field = a3 poisson``.
+
+        Built with as few full-size (H, W, C) operations as the algebra allows
+        (it runs every training step): ``a1`` rides in the heat exponent as
+        ``log a1``, and everything that is per frequency and head is combined
+        before it is broadcast over the channels of a head.
+        """
         self.num_filter_builds += 1
-        terms = self.expert_filters(size, device, dtype)
-        route = self._route()
-        weighted = {e: route[e].to(t.dtype) * t for e, t in terms.items()}
-        multiplicative = [weighted[e] for e in ('heat', 'wave') if e in weighted]
-        if multiplicative:
-            spectral_filter = sum(multiplicative[1:], multiplicative[0])
-        else:  # Poisson alone: the field replaces X (Eq. 9)
-            spectral_filter = torch.zeros_like(weighted['poisson'])
-        field = weighted.get('poisson')
+        h, w = size
+        device = device or self.route_logits.device
+        dtype = dtype or self.route_logits.dtype
+        omega_sq, omega_abs = dct_frequencies(h, w, device, dtype)
+        omega_sq = omega_sq[:, :, None, None]  # (H, W, 1, 1)
+        omega_abs = omega_abs[:, :, None, None]  # (H, W, 1, 1)
+        log_route = dict(zip(self.experts,
+                             self.route_logits.log_softmax(0).to(dtype).unbind(0)))
+        spectral_filter = field = None
+        if 'heat' in self.experts:  # a1 exp(-k w^2 t) = exp(log a1 - (k w^2) t)
+            k = self._freq_param('heat_coef', size)  # (H, W, N, 1)
+            spectral_filter = torch.exp(torch.addcmul(
+                log_route['heat'], k * omega_sq, self._time('heat'), value=-1))
+        if 'wave' in self.experts:  # + a2 cos((c |w|) t)
+            c = self._freq_param('wave_coef', size)  # (H, W, N, 1)
+            wave = torch.cos(c * omega_abs * self._time('wave'))
+            route = log_route['wave'].exp()
+            spectral_filter = wave * route if spectral_filter is None else \
+                torch.addcmul(spectral_filter, wave, route)
+        if 'poisson' in self.experts:  # (a3 H1 / (w^2 + eta)) H2
+            source = self._freq_param('source_freq', size) * (
+                log_route['poisson'].exp() / (omega_sq + self.eta))  # (H, W, N, 1)
+            field = source * self.source_channel  # (H, W, N, C/N)
+        shape = (h, w, self.embed_dims)
+        if spectral_filter is None:  # Poisson alone: the field replaces X (Eq. 9)
+            spectral_filter = torch.zeros(shape, device=device, dtype=dtype)
         if field is None:
-            field = torch.zeros_like(spectral_filter)
-        return spectral_filter, field
+            field = torch.zeros(shape, device=device, dtype=dtype)
+        return spectral_filter.reshape(shape), field.reshape(shape)
 
     def _param_state(self, size, device, dtype) -> tuple:
         """Identifies the parameters' current values: any in-place update (an
