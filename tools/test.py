@@ -10,6 +10,7 @@ import moppa_mm  # noqa: F401  first: torchvision fix, registries
 from mmengine.config import DictAction
 from mmengine.evaluator import DumpResults
 
+from moppa_mm.utils.distributed import shutdown_distributed
 from moppa_mm.utils.launch import build_runner, load_config
 
 
@@ -42,6 +43,7 @@ def main():
             f'--out must be a .pkl file, got {args.out!r}'
         runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
     runner.test()
+    shutdown_distributed()
 
 
 if __name__ == '__main__':

@@ -9,6 +9,7 @@ import os
 import moppa_mm  # noqa: F401  first: torchvision fix, registries
 from mmengine.config import DictAction
 
+from moppa_mm.utils.distributed import shutdown_distributed
 from moppa_mm.utils.launch import build_runner, load_config
 
 
@@ -56,6 +57,7 @@ def main():
 
     runner = build_runner(cfg, mode='train')
     runner.train()
+    shutdown_distributed()
 
 
 if __name__ == '__main__':

@@ -56,3 +56,16 @@ def setup_distributed(cfg, launcher: str) -> bool:
     if not torch_dist.is_initialized():
         torch_dist.init_process_group(backend='gloo')
     return True
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group at the end of a run, if there is one.
+
+    mmengine never does. Left to interpreter shutdown, gloo's worker threads
+    can outlive the interpreter and abort the process ("terminate called
+    without an active exception", SIGABRT) after the work is done: measured
+    here in 3 of 13 runs of the 2-process CPU training test.
+    """
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.barrier()  # no rank tears down while another still talks
+        torch_dist.destroy_process_group()
