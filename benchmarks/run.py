@@ -9,7 +9,12 @@ absolute times, which depend on the machine. Memory is the allocator's peak on
 CUDA and, on CPU (no allocator statistics), the activations saved for backward.
 On CPU the run first keeps freed memory in the process
 (:func:`moppa_mm.utils.malloc.keep_freed_memory`, as tools/train.py does):
-without it page faults dominate; ``--default-malloc`` measures that.
+without it page faults dominate; ``--default-malloc`` measures that. It also
+flushes denormal floats to zero, as GPUs' fast paths do: x86 cores take a slow
+path on every denormal operand, and how many a step meets depends on the
+activations' values, not on the work (measured: the same Swin-B step's FFN GELU
+backward took 151 ms in the plain backbone and 426 ms with the adapters, equal
+with flushing); ``--keep-denormals`` measures without.
 """
 import argparse
 import os
@@ -364,6 +369,80 @@ def _top_ops(fn: Callable, device, rows: int = 8) -> List[Dict]:
                  share=e.self_cpu_time_total / total) for e in events[:rows]]
 
 
+def _op_times(fn: Callable, device, repeats: int = 3) -> Dict[tuple, float]:
+    """Seconds spent in each aten op (keyed by op and input shapes), summed over
+    one call of ``fn``; the minimum over ``repeats`` calls. Each op is timed
+    where it is dispatched (synchronised on CUDA), so no profiler overhead
+    lands on one op and not another."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpTimer(TorchDispatchMode):
+
+        def __init__(self):
+            super().__init__()
+            self.times = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            _sync(device)
+            shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+            key = (str(func.overloadpacket.__name__), shapes)
+            self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - start
+            return out
+
+    fn()  # warm
+    best = {}
+    for _ in range(repeats):
+        with OpTimer() as timer:
+            fn()
+        for key, value in timer.times.items():
+            best[key] = min(best.get(key, float('inf')), value)
+    return best
+
+
+def bench_swin_block(device, quick: bool) -> Dict:
+    """Where the Swin adapters' time goes: one stage-3 block at 800x1333
+    (50x84x512, 18 of Swin-B's 24 blocks are in stage 3), adapters on vs off,
+    time per operator; and the FLOP shares the design implies."""
+    from moppa_mm.models import MoPPASwinTransformer
+    dims, heads, (h, w) = (32, 2, (16, 20)) if quick else (512, 16, (50, 84))
+    torch.manual_seed(0)
+    model = MoPPASwinTransformer(embed_dims=dims // 4, depths=[1, 1, 2, 1],
+                                 num_heads=[1, 2, heads, 4], window_size=7).to(device)
+    block = model.stages[2].blocks[1]  # shifted windows
+    x = torch.randn(1, h * w, dims, device=device, requires_grad=True)
+    grad = torch.randn(1, h * w, dims, device=device)
+
+    def step():
+        block(x, (h, w)).backward(grad)
+
+    times = {}
+    for enabled in (False, True):
+        for adapter in (block.moppa, block.conv_adapter):
+            adapter.enabled = enabled
+            adapter.requires_grad_(enabled)
+        times[enabled] = _op_times(step, device)
+    plain, ours = times[False], times[True]
+    extra = sorted(set(plain) | set(ours),
+                   key=lambda k: plain.get(k, 0) - ours.get(k, 0))
+    rows = [dict(op=f'{k[0]} ' + ', '.join('x'.join(map(str, shape)) or 'scalar'
+                                          for shape in k[1][:3]),
+                 plain_ms=plain.get(k, 0) * 1e3, ours_ms=ours.get(k, 0) * 1e3,
+                 extra_ms=(ours.get(k, 0) - plain.get(k, 0)) * 1e3) for k in extra[:10]]
+    # multiply-adds per token: the frozen block runs forward and input gradient
+    # (2x), the adapters forward, input and weight gradients (3x)
+    hidden = max(int(round(dims / 7.25)), 1)
+    window = 49
+    block_macs = 2 * (12 * dims**2 + 2 * window * dims)
+    adapter_macs = 3 * (2 * dims * hidden + 9 * hidden**2)
+    unit_macs = 2 * 2 * window * dims  # Kronecker DCT and inverse, fwd + input grad
+    return dict(rows=rows, plain_ms=sum(plain.values()) * 1e3,
+                ours_ms=sum(ours.values()) * 1e3,
+                adapter_flops=adapter_macs / block_macs, unit_flops=unit_macs / block_macs,
+                grid=f'{h}x{w}x{dims}')
+
+
 def bench_profiles(device, quick: bool) -> Dict[str, List[Dict]]:
     """Where the time goes: the unit alone at ViT-B size, and a whole ViT-B
     MoPPA training step."""
@@ -432,6 +511,13 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
         f'Against a frozen backbone that needs no backward at all (what full PEFT must pay '
         f'to reach adapters in stage 1): x{window["step_vs_through"] / frozen["step_vs_through"]:.2f}.',
     ]
+    blk = results['swin_block']
+    summary.append(
+        f'- Where the Swin-B time goes: in a stage-3 block ({blk["grid"]}) the adapters add '
+        f'{pct(blk["ours_ms"] / blk["plain_ms"])} (per-operator times below). By design their '
+        f'multiply-adds are {100 * blk["adapter_flops"]:.1f}% (conv adapter, at the paper\'s '
+        f'3.18M budget) and {100 * blk["unit_flops"]:.1f}% (MoPPA DCTs) of the frozen block\'s '
+        'training multiply-adds, before any overhead.')
     picks = [f'{r["grid"]}: {r["fastest"]}' for r in results['dct']]
     misses = [r['grid'] for r in results['dct'] if r['fastest'] != r['auto']]
     summary.append('- DCT, fastest method per grid: ' + ', '.join(picks) + '. '
@@ -441,7 +527,7 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
         f'## {device.type.upper()}: {machine(device)}',
         '',
         f'Measured {time.strftime("%Y-%m-%d")} by `benchmarks/run.py'
-        f'{" --quick" if quick else ""}` in {seconds:.0f} s. Allocator: '
+        f'{" --quick" if quick else ""}` in {seconds:.0f} s. Settings: '
         f'{malloc if device.type == "cpu" else "CUDA caching allocator"}. '
         f'Memory: {"peak allocated" if device.type == "cuda" else "activations saved for backward"} (MB).',
         '',
@@ -473,6 +559,12 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
         _table(results['swin'], dict(variant='', trainable=',', step_ms='.0f',
                                      step_vs_through='.3f', peak_mb='.0f')),
         '',
+        f'### Swin-B stage-3 block ({blk["grid"]}, shifted windows), adapters on vs off: '
+        f'the operators with the most extra time (total {blk["plain_ms"]:.1f} -> '
+        f'{blk["ours_ms"]:.1f} ms)',
+        '',
+        _table(blk['rows'], dict(op='', plain_ms='.2f', ours_ms='.2f', extra_ms='+.2f')),
+        '',
         *[line for title, ops in results['profiles'].items() for line in (
             f'### Profile: {title} (top operators by self time)', '',
             _table(ops, dict(op='', calls='', self_ms='.1f', share='.1%')), '')],
@@ -502,6 +594,8 @@ def main():
     parser.add_argument('--out', default=osp.join(ROOT, 'docs', 'benchmarks.md'))
     parser.add_argument('--default-malloc', action='store_true',
                         help="keep glibc's defaults (freed memory goes back to the OS)")
+    parser.add_argument('--keep-denormals', action='store_true',
+                        help='do not flush denormal floats to zero on CPU')
     args = parser.parse_args()
     device = torch.device(args.device)
     malloc = 'glibc defaults'
@@ -509,11 +603,13 @@ def main():
         from moppa_mm.utils.malloc import keep_freed_memory
         if keep_freed_memory():
             malloc = 'glibc mmap/trim thresholds raised to 1 GiB (keep_freed_memory)'
+    if device.type == 'cpu' and not args.keep_denormals and torch.set_flush_denormal(True):
+        malloc += '; denormal floats flushed to zero (torch.set_flush_denormal)'
     start = time.time()
     results = {}
     for name, fn in (('dct', bench_dct), ('unit', bench_unit),
                      ('vit', bench_vit_step), ('swin', bench_swin_step),
-                     ('profiles', bench_profiles)):
+                     ('swin_block', bench_swin_block), ('profiles', bench_profiles)):
         section_start = time.time()
         results[name] = fn(device, args.quick)
         print(f'[benchmarks] {name}: {time.time() - section_start:.0f} s', flush=True)

@@ -15,6 +15,7 @@ def test_quick_benchmark_writes_a_report_and_keeps_other_sections(tmp_path):
     text = out.read_text()
     assert '## CPU:' in text and '## CUDA: an earlier GPU run' in text and 'kept' in text
     for heading in ('MoPPA unit alone', 'Kronecker matmul vs separable matmuls vs FFT',
-                    'ViT-B/16 training step', 'Swin-B backbone training step'):
+                    'ViT-B/16 training step', 'Swin-B backbone training step',
+                    'Swin-B stage-3 block', 'Where the Swin-B time goes'):
         assert heading in text
     assert '+ LoRA on qkv, matched params' in text
