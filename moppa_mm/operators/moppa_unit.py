@@ -94,9 +94,10 @@ class _SpectralFilter(torch.autograd.Function):
         grad_spectrum = grad_filter = grad_field = None
         if ctx.needs_input_grad[0]:
             grad_spectrum = grad * spectral_filter
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1]:  # (under autocast the dtypes may differ)
+            dtype = torch.promote_types(flat.dtype, spectrum.dtype)
             grad_filter = torch.linalg.vecdot(
-                flat, spectrum.reshape(flat.shape), dim=0).view(grid)
+                flat.to(dtype), spectrum.reshape(flat.shape).to(dtype), dim=0).view(grid)
         if ctx.needs_input_grad[2]:
             grad_field = flat.sum(0).view(grid)
         return grad_spectrum, grad_filter, grad_field

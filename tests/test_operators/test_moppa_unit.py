@@ -81,6 +81,25 @@ def test_fused_unit_equals_sum_of_experts():
     torch.testing.assert_close(unit(x), expected, atol=1e-12, rtol=0)
 
 
+def test_backward_under_autocast_matches_float32():
+    """Mixed precision: the spectral filter's own backward copes with a
+    low-precision spectrum and a float32 filter (CPU autocast, bfloat16)."""
+    torch.manual_seed(0)
+    unit = MoPPAUnit(16, 2, (7, 7))
+    x = torch.randn(3, 7, 7, 16)
+    grads = []
+    for autocast in (True, False):
+        unit.zero_grad()
+        inp = x.clone().requires_grad_(True)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            out = unit(inp)
+        out.float().square().sum().backward()
+        grads.append([inp.grad] + [p.grad for p in unit.parameters()])
+    for low, full in zip(*grads):
+        assert low.dtype == torch.float32
+        torch.testing.assert_close(low, full, rtol=5e-2, atol=5e-2)
+
+
 def test_gradcheck_every_parameter():
     unit = make_unit(3, 4, 4, 2)
     x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)

@@ -90,8 +90,10 @@ class _ConvAdapterFunction(torch.autograd.Function):
         hidden = F.linear(x, down_w, down_b).permute(0, 3, 1, 2)  # (B, r, H, W)
         pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)  # (B, r, H, W)
         act = F.gelu(pre_act).permute(0, 2, 3, 1)  # (B, H, W, r)
-        out = torch.addmm(up_b, act.reshape(-1, act.shape[-1]), up_w.t())
-        out = out.view(x.shape).add_(x)
+        up = torch.addmm(up_b, act.reshape(-1, act.shape[-1]), up_w.t()).view(x.shape)
+        # in place where no promotion is needed; under autocast the low-precision
+        # branch is added to the float32 input out of place, as autograd would
+        out = up.add_(x) if up.dtype == torch.promote_types(up.dtype, x.dtype) else x + up
         ctx.norm = norm
         ctx.save_for_backward(norm_input, hidden, pre_act, down_w, conv_w, up_w)
         return out
@@ -102,11 +104,15 @@ class _ConvAdapterFunction(torch.autograd.Function):
         norm_input, hidden, pre_act, down_w, conv_w, up_w = ctx.saved_tensors
         needs = ctx.needs_input_grad
         embed_dims, hidden_dims = up_w.shape
+        # the forward's compute dtype (lower under autocast, which is off here)
+        dtype = pre_act.dtype
+        down_w, conv_w, up_w = (w.to(dtype) for w in (down_w, conv_w, up_w))
         grad_flat = grad_out.reshape(-1, embed_dims)  # (BHW, C)
+        grad_low = grad_flat.to(dtype)
         act = F.gelu(pre_act).permute(0, 2, 3, 1).reshape(-1, hidden_dims)
-        grad_up_w = grad_flat.t().mm(act) if needs[7] else None
+        grad_up_w = grad_low.t().mm(act) if needs[7] else None
         grad_up_b = grad_flat.sum(0) if needs[8] else None
-        grad_act = grad_flat.mm(up_w).view(act.shape)  # (BHW, r)
+        grad_act = grad_low.mm(up_w).view(act.shape)  # (BHW, r)
         b, _, h, w = pre_act.shape
         grad_act = grad_act.view(b, h, w, hidden_dims).permute(0, 3, 1, 2)
         grad_pre = torch.ops.aten.gelu_backward(grad_act, pre_act)
@@ -115,13 +121,17 @@ class _ConvAdapterFunction(torch.autograd.Function):
             False, [0, 0], 1, [True, needs[5], needs[6]])
         grad_hidden = grad_hidden.permute(0, 2, 3, 1).reshape(-1, hidden_dims)
         grad_x = None
-        if needs[0]:
-            grad_x = torch.addmm(grad_flat, grad_hidden, down_w).view(grad_out.shape)
+        if needs[0]:  # the residual's gradient plus the branch's
+            if grad_flat.dtype == dtype:
+                grad_x = torch.addmm(grad_flat, grad_hidden, down_w)
+            else:
+                grad_x = grad_flat + grad_hidden.mm(down_w)
+            grad_x = grad_x.view(grad_out.shape)
         grad_down_w = grad_down_b = None
         if needs[3]:
             with torch.no_grad():
                 x = _layer_norm(ctx.norm, norm_input).reshape(-1, embed_dims)
-            grad_down_w = grad_hidden.t().mm(x)
+            grad_down_w = grad_hidden.t().mm(x.to(dtype))
         if needs[4]:
             grad_down_b = grad_hidden.sum(0)
         return (grad_x, None, None, grad_down_w, grad_down_b, grad_conv_w,

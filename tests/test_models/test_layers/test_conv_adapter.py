@@ -88,3 +88,27 @@ def test_forward_after_norm_falls_back_without_grad():
     with torch.no_grad():
         lean = adapter.forward_after_norm(norm(source), source, norm)
         torch.testing.assert_close(lean, adapter(norm(source)))
+
+
+def test_forward_after_norm_under_autocast():
+    """Mixed precision (CPU autocast, bfloat16 here; float16 on CUDA): the lean
+    backward casts like autograd does and the output keeps float32 like
+    ``x + branch`` does."""
+    adapter, norm = _adapter_and_norm(channels=16, hidden=4)
+    source = torch.randn(2, 5, 6, 16)
+    results = []
+    for lean in (True, False):
+        src = source.clone().requires_grad_(True)
+        adapter.zero_grad()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            x = norm(src)
+            out = adapter.forward_after_norm(x, src, norm) if lean else adapter(x)
+        out.float().square().sum().backward()
+        results.append((out, src.grad, [p.grad.clone() for p in adapter.parameters()]))
+    (out, grad_src, grads), (ref, ref_grad_src, ref_grads) = results
+    assert out.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad_src, ref_grad_src, rtol=2e-2, atol=2e-2)
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, r, rtol=2e-2, atol=5e-2)
