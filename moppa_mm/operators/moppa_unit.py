@@ -212,9 +212,6 @@ class MoPPAUnit(nn.Module):
         return (self.route_logits.softmax(0) *
                 self.route_logits.log_softmax(0)).sum()
 
-    def _route(self) -> Dict[str, torch.Tensor]:
-        return dict(zip(self.experts, self.route_weights().unbind(0)))
-
     # -------------------------------------------------------- filter and field
     def _freq_param(self, name: str, size: Tuple[int, int]) -> torch.Tensor:
         """A frequency-indexed parameter on the runtime grid, (H, W, N, 1)."""

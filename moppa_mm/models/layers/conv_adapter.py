@@ -60,8 +60,9 @@ class ConvAdapter(nn.Module):
         Gradients reach ``x`` (and through it the norm) and the adapter's own
         parameters exactly as with :meth:`forward`.
         """
-        if not isinstance(norm, nn.LayerNorm) or not torch.is_grad_enabled():
-            return self.forward(x)
+        if not torch.is_grad_enabled() or not isinstance(norm, nn.LayerNorm) or \
+                type(norm).forward is not nn.LayerNorm.forward:
+            return self.forward(x)  # only a plain LayerNorm can be recomputed
         if type(self.act) is not nn.GELU or self.act.approximate != 'none':
             return self.forward(x)
         return _ConvAdapterFunction.apply(x, norm_input, norm, self.down.weight,

@@ -112,3 +112,16 @@ def test_forward_after_norm_under_autocast():
     for g, r in zip(grads, ref_grads):
         assert g.dtype == torch.float32
         torch.testing.assert_close(g, r, rtol=2e-2, atol=5e-2)
+
+
+def test_forward_after_norm_only_recomputes_a_plain_layer_norm():
+    class ScaledNorm(nn.LayerNorm):  # a forward the recompute would not know
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    adapter, _ = _adapter_and_norm()
+    norm = ScaledNorm(6)
+    src = torch.randn(1, 3, 3, 6, requires_grad=True)
+    out = adapter.forward_after_norm(norm(src), src, norm)
+    assert '_ConvAdapterFunction' not in out.grad_fn.name()
+    torch.testing.assert_close(out, adapter(norm(src)))
