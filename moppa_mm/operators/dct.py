@@ -7,8 +7,9 @@ tensors it runs without any permute, in one of two ways:
 - small grids (``H * W <= KRON_MAX_TOKENS``, e.g. Swin's 7x7 windows): ONE
   batched matmul with the Kronecker basis ``C_H (x) C_W`` of size (HW, HW) on
   ``(..., HW, C)``. It does ``HW / (H + W)`` times the multiply-adds of the
-  separable form but reads and writes the tensor once instead of twice, and on
-  CPU it is 1.7-3x faster up to 8x8 (benchmarks/run.py records the sweep);
+  separable form but reads and writes the tensor once instead of twice; on
+  our CPU it is 1.2-1.7x faster at 7x7 and 8x8 and slower from 10x10 on
+  (benchmarks/run.py records the sweep);
 - larger grids: two batched matmuls, along H then along W.
 
 Bases and frequency grids are cached per (size, device, dtype).
