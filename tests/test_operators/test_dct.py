@@ -48,15 +48,22 @@ def test_autograd_through_dct():
     assert torch.autograd.gradcheck(lambda t: idct2d(dct2d(t) * 2.0), (x, ))
 
 
-def test_auto_method_picks_kron_for_small_grids():
-    from moppa_mm.operators.dct import KRON_MAX_TOKENS, kron_basis
-    x = torch.randn(2, 7, 7, 3, dtype=torch.float64)
+def test_auto_method_picks_kron_for_small_grids(monkeypatch):
+    from moppa_mm.operators import dct as dct_module
+    calls = []
+    kron_transform = dct_module._kron_transform
+    monkeypatch.setattr(dct_module, '_kron_transform',
+                        lambda x, basis: calls.append(x.shape) or kron_transform(x, basis))
+    small = torch.randn(2, 7, 7, 3, dtype=torch.float64)
+    big = torch.randn(2, 9, 8, 3, dtype=torch.float64)  # 72 > 64 tokens
+    dct2d(small), idct2d(small), dct2d(big), idct2d(big)
+    assert dct_module.KRON_MAX_TOKENS == 64
+    assert calls == [small.shape, small.shape]
     # the Kronecker basis is the separable transform written as one matrix
-    basis = kron_basis(7, 7, device='cpu', dtype=torch.float64)
-    expected = (basis @ x.reshape(2, 49, 3)).reshape(x.shape)
-    torch.testing.assert_close(dct2d(x, 'separable'), expected)
-    assert kron_basis(7, 7, device='cpu', dtype=torch.float64) is basis
-    assert 7 * 7 <= KRON_MAX_TOKENS < 14 * 14
+    basis = dct_module.kron_basis(7, 7, device='cpu', dtype=torch.float64)
+    expected = (basis @ small.reshape(2, 49, 3)).reshape(small.shape)
+    torch.testing.assert_close(dct2d(small, 'separable'), expected)
+    assert dct_module.kron_basis(7, 7, device='cpu', dtype=torch.float64) is basis
 
 
 def test_bad_input():
