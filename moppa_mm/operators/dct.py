@@ -67,14 +67,25 @@ def _check_channel_last(x: torch.Tensor) -> None:
                          f'got shape {tuple(x.shape)}')
 
 
-def _transform(x: torch.Tensor, basis_h: torch.Tensor,
-               basis_w: torch.Tensor) -> torch.Tensor:
-    """Apply ``basis_h`` along H and ``basis_w`` along W of ``(..., H, W, C)``."""
+def _transform(x: torch.Tensor, basis_h: torch.Tensor, basis_w: torch.Tensor,
+               h_first: bool) -> torch.Tensor:
+    """Apply ``basis_h`` along H and ``basis_w`` along W of ``(..., H, W, C)``.
+
+    The two passes commute. The forward transform runs H first and the inverse
+    H last, so that the pass that meets the caller's tensor (input or output's
+    gradient) is always the H pass: its ``(B, H, W*C)`` view exists for any
+    batch stride, e.g. the patch tokens of a ViT sequence without its class
+    token, where the W pass's ``(B*H, W, C)`` view would need a copy.
+    """
     *lead, h, w, c = x.shape
-    x = x.reshape(-1, h, w * c)  # (B, H, W*C)
-    x = torch.matmul(basis_h, x)  # (B, H, W*C): mixes rows
-    x = x.reshape(-1, w, c)  # (B*H, W, C)
-    x = torch.matmul(basis_w, x)  # (B*H, W, C): mixes columns
+
+    def along_h(t):  # (B, H, W*C): mixes rows
+        return torch.matmul(basis_h, t.reshape(-1, h, w * c))
+
+    def along_w(t):  # (B*H, W, C): mixes columns
+        return torch.matmul(basis_w, t.reshape(-1, w, c))
+
+    x = along_w(along_h(x)) if h_first else along_h(along_w(x))
     return x.reshape(*lead, h, w, c)
 
 
@@ -113,7 +124,7 @@ def _dct(x: torch.Tensor, method: str, inverse: bool) -> torch.Tensor:
     basis_w = dct_basis(w, x.device, x.dtype)
     if inverse:
         basis_h, basis_w = basis_h.t(), basis_w.t()
-    return _transform(x, basis_h, basis_w)
+    return _transform(x, basis_h, basis_w, h_first=not inverse)
 
 
 def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32

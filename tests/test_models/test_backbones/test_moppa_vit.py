@@ -124,3 +124,47 @@ def test_scale_shift_touches_only_its_slice():
         channel_first.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
     z = torch.randn(2, 3, 4, 4)
     torch.testing.assert_close(channel_first(z), z * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
+
+
+def test_unit_copies_no_activation_beyond_the_class_token_concat():
+    """The patch tokens reach the unit as a view that skips the class token:
+    the DCT reads it and the inverse's gradient writes it without a copy, so
+    with the unit on, the only extra full-size copies are the concatenation
+    and its backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    torch.manual_seed(0)
+    model = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=4,
+                                             feedforward_channels=64),
+                                   img_size=80, patch_size=8)
+    layer = model.layers[0]
+    layer.moppa.hw_shape = (10, 10)  # 100 tokens: the separable DCT
+    x = torch.randn(2, 101, 32, requires_grad=True)
+    grad = torch.randn(2, 101, 32)
+    patch_numel = 2 * 100 * 32
+
+    class Copies(TorchDispatchMode):
+
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a])
+                       if isinstance(t, torch.Tensor)]
+            if name in ('clone', 'copy_', 'cat') and \
+                    sum(t.numel() for t in tensors) >= patch_numel:
+                self.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    copies = {}
+    for enabled in (False, True):
+        layer.moppa.enabled = enabled
+        layer(x).backward(grad)  # warm: bases and frequencies cached
+        with Copies() as mode:
+            layer(x).backward(grad)
+        copies[enabled] = mode.ops
+    extra = list(copies[True])
+    for op in copies[False]:
+        extra.remove(op)
+    assert extra == ['cat', 'cat']  # forward, and the split's backward
