@@ -483,11 +483,10 @@ def machine(device) -> str:
     return f'{name}; torch {torch.__version__}; python {platform.python_version()}'
 
 
-def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> str:
+def report(results: Dict, device, quick: bool, seconds: float, settings: str) -> str:
     vit = {r['variant']: r for r in results['vit']}
     swin = {r['variant']: r for r in results['swin']}
-    ssf, ours, lora = (vit['+ scale & shift only'], vit['+ MoPPA (ours)'],
-                       vit['+ LoRA on qkv, matched params'])
+    ours, lora = vit['+ MoPPA (ours)'], vit['+ LoRA on qkv, matched params']
     through = swin['frozen Swin, backward through it']
     window = swin['MoPPA + conv adapters (window)']
     glob = swin['MoPPA + conv adapters (global)']
@@ -528,7 +527,7 @@ def report(results: Dict, device, quick: bool, seconds: float, malloc: str) -> s
         '',
         f'Measured {time.strftime("%Y-%m-%d")} by `benchmarks/run.py'
         f'{" --quick" if quick else ""}` in {seconds:.0f} s. Settings: '
-        f'{malloc if device.type == "cpu" else "CUDA caching allocator"}. '
+        f'{settings if device.type == "cpu" else "CUDA caching allocator"}. '
         f'Memory: {"peak allocated" if device.type == "cuda" else "activations saved for backward"} (MB).',
         '',
         *summary,
@@ -598,13 +597,13 @@ def main():
                         help='do not flush denormal floats to zero on CPU')
     args = parser.parse_args()
     device = torch.device(args.device)
-    malloc = 'glibc defaults'
+    settings = 'glibc defaults'
     if device.type == 'cpu' and not args.default_malloc:
         from moppa_mm.utils.malloc import keep_freed_memory
         if keep_freed_memory():
-            malloc = 'glibc mmap/trim thresholds raised to 1 GiB (keep_freed_memory)'
+            settings = 'glibc mmap/trim thresholds raised to 1 GiB (keep_freed_memory)'
     if device.type == 'cpu' and not args.keep_denormals and torch.set_flush_denormal(True):
-        malloc += '; denormal floats flushed to zero (torch.set_flush_denormal)'
+        settings += '; denormal floats flushed to zero (torch.set_flush_denormal)'
     start = time.time()
     results = {}
     for name, fn in (('dct', bench_dct), ('unit', bench_unit),
@@ -613,7 +612,7 @@ def main():
         section_start = time.time()
         results[name] = fn(device, args.quick)
         print(f'[benchmarks] {name}: {time.time() - section_start:.0f} s', flush=True)
-    section = report(results, device, args.quick, time.time() - start, malloc)
+    section = report(results, device, args.quick, time.time() - start, settings)
     write_report(args.out, section, device)
     print(section)
     print(f'[benchmarks] wrote {args.out}')

@@ -1,6 +1,4 @@
 """The 3x3 convolution adapter that MoPPA puts before each Swin FFN (paper supp.)."""
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
