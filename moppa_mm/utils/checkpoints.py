@@ -132,12 +132,12 @@ def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
         TypeError: for any other object, naming where it is.
     """
     from mmengine.logging import HistoryBuffer
-    if isinstance(obj, _PLAIN_LEAVES):
-        return obj
     if isinstance(obj, np.ndarray):
         return _encode_ndarray(obj)
-    if isinstance(obj, np.generic):
+    if isinstance(obj, np.generic):  # before the leaves: np.float64 is a float
         return {_TAG: 'npscalar', 'value': _encode_ndarray(np.asarray(obj))}
+    if isinstance(obj, _PLAIN_LEAVES):
+        return obj
     if isinstance(obj, HistoryBuffer):
         return {_TAG: 'HistoryBuffer', 'max_length': obj.max_length,
                 'log': _encode_ndarray(obj._log_history),
