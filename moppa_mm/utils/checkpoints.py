@@ -42,12 +42,13 @@ def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
     text = str(error)
     if isinstance(error, pickle.UnpicklingError) and 'weights_only' in text.replace(
             'Weights only', 'weights_only'):
-        first_line = next((line for line in text.splitlines()
-                           if 'Unsupported global' in line or 'Unsupported' in line),
-                          text.splitlines()[0] if text else '')
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        first_line = next((line for line in lines if 'nsupported' in line),
+                          lines[0] if lines else '')
+        first_line = first_line.replace('WeightsUnpickler error: ', '')
         return CheckpointLoadError(
             f'{what} {path!r} holds Python objects besides tensors and plain '
-            f'containers, and loading it could run code ({first_line.strip()}). '
+            f'containers, and loading it could run code ({first_line}). '
             f'Refused. If you trust the file, set {OPT_IN_ENV}=1 to load it with '
             'weights_only=False.')
     if osp.isfile(path) and osp.getsize(path) == 0:

@@ -81,12 +81,12 @@ class AdapterMixin:
         adapters = [k for k in params if is_adapter_key(k)]
         given_adapters = [k for k in incoming if is_adapter_key(k)]
         if not given_adapters:  # a pre-trained base
-            lacking = [k for k in base if k not in incoming
-                       and not matches(k, self.PRETRAINED_MAY_LACK)]
+            required = [k for k in base if not matches(k, self.PRETRAINED_MAY_LACK)]
+            lacking = [k for k in required if k not in incoming]
             if lacking:
                 raise PretrainedMismatchError(
                     f'{name}: the pre-trained state dict{where} restores '
-                    f'{len(base) - len(lacking)} of the {len(base)} frozen base '
+                    f'{len(required) - len(lacking)} of the {len(required)} frozen base '
                     f'parameters; missing: {_few(lacking)}. The frozen backbone '
                     'would stay random: is it a checkpoint of this backbone, with '
                     f'its keys (given {len(incoming)} keys, e.g. '
