@@ -188,3 +188,42 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
                                show_progress=False)
     pred = inferencer(image, return_datasamples=True)['predictions'][0].pred_instances
     assert_same(pred.bboxes, pred.scores)
+
+
+def test_mmpretrain_apis_match_the_test_tool(tmp_path):
+    """get_model / ImageClassificationInferencer on an adapter-only checkpoint
+    restore the pre-trained ViT from init_cfg: same scores as tools/test.py."""
+    import numpy as np
+    from mmpretrain.apis import ImageClassificationInferencer, get_model
+    from tests.test_tools.test_vtab_pipeline import make_vtab, tiny_vtab_cfg
+    from mmpretrain.models.backbones import VisionTransformer
+    from moppa_mm.models.converters import save_backbone
+    root = str(tmp_path / 'vtab')
+    make_vtab(root, 'eurosat', np.random.default_rng(0),
+              per_split=dict(train800val200=8, test=4))
+    torch.manual_seed(0)
+    vit = VisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
+                                      feedforward_channels=64), img_size=32,
+                            patch_size=8)
+    vit.init_weights()
+    pretrained = save_backbone(vit.state_dict(), str(tmp_path / 'vit.pth'))
+    cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', str(tmp_path / 'work'))
+    Runner.from_cfg(cfg).train()
+    ckpt = str(tmp_path / 'work' / 'epoch_2.pth')
+    config = dump_cfg(cfg, tmp_path / 'vit.py')
+    out = str(tmp_path / 'preds.pkl')
+    result = run([PYTHON, 'tools/test.py', config, ckpt, '--work-dir',
+                  str(tmp_path / 'test'), '--out', out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out, 'rb') as f:  # written by the test tool above
+        reference = pickle.load(f)[0]
+    image, expected = reference['img_path'], torch.as_tensor(reference['pred_score'])
+
+    model = get_model(config, pretrained=ckpt, device='cpu')
+    scores = ImageClassificationInferencer(model=model, pretrained=False)(
+        image, return_datasamples=True)[0].pred_score
+    torch.testing.assert_close(torch.as_tensor(scores), expected)
+    inferencer = ImageClassificationInferencer(model=config, pretrained=ckpt,
+                                               device='cpu')
+    scores = inferencer(image, return_datasamples=True)[0].pred_score
+    torch.testing.assert_close(torch.as_tensor(scores), expected)
