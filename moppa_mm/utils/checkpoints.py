@@ -89,7 +89,7 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
     """
     path = osp.expanduser(path)
     if not osp.isfile(path):
-        raise FileNotFoundError(f'{what} not found: {path!r}')
+        raise FileNotFoundError(f'{what} {path!r} not found')
     with naming_checkpoint(path, what):
         if osp.getsize(path) == 0:
             raise EOFError('empty file')
