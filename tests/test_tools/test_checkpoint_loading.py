@@ -115,6 +115,19 @@ def test_crafted_pretrained_checkpoint_is_refused(trained, tmp_path):
     assert 'init_cfg.checkpoint' in str(info.value)
 
 
+@pytest.mark.parametrize('damage', ['empty', 'truncated'])
+def test_broken_pretrained_checkpoint_is_named(trained, tmp_path, damage):
+    broken = str(tmp_path / 'broken_swin.pth')
+    with open(trained['data']['pretrained'], 'rb') as src, open(broken, 'wb') as dst:
+        dst.write(b'' if damage == 'empty' else src.read()[:4096])
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.init_cfg.checkpoint = broken
+    with pytest.raises(CheckpointLoadError, match='broken_swin.pth'):
+        check_config(cfg, mode='train')
+    with pytest.raises(CheckpointLoadError, match=f'broken_swin.pth.*{damage}'):
+        build_detector(cfg).init_weights()
+
+
 def test_vit_checkpoint_as_swin_pretrained_stops(trained, tmp_path):
     from mmpretrain.models.backbones import VisionTransformer
     from moppa_mm.models.converters import save_backbone
