@@ -8,11 +8,10 @@ import subprocess
 
 import pytest
 import torch
-from mmengine.config import ConfigDict
 from mmengine.runner import Runner, load_checkpoint
 
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
-from moppa_mm.utils.checkpoints import OPT_IN_ENV, CheckpointLoadError
+from moppa_mm.utils.checkpoints import CheckpointLoadError
 from moppa_mm.utils.preflight import check_config
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
 from tests.test_utils.test_checkpoints import assert_refused, crafted_checkpoint

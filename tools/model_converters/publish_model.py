@@ -1,7 +1,7 @@
 """Make a checkpoint publishable (OpenMMLab's publish_model pattern).
 
-    python tools/model_converters/publish_model.py work_dirs/x/epoch_36.pth moppa_swin-b_coco.pth
-    python tools/model_converters/publish_model.py work_dirs/x/epoch_36.pth moppa_swin-b_coco.pth --merge-base
+    python tools/model_converters/publish_model.py work_dirs/x/epoch_36.pth moppa_coco.pth
+    python tools/model_converters/publish_model.py IN.pth moppa_coco_full.pth --merge-base
 
 Keeps the weights and ``meta`` (without the random states), drops the optimizer
 state, the message hub and the scheduler states, and writes

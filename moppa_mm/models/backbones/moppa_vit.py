@@ -21,7 +21,6 @@ from ..layers import ScaleShift
 from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
 
 
-
 class ViTMoPPAUnit(MoPPAUnit):
     """A :class:`MoPPAUnit` with the pre-hook that puts it before a ViT layer's
     attention (a bound method: ``copy.deepcopy`` rewires it)."""
