@@ -62,7 +62,8 @@ def _datasets(cfg, mode: str):
 
 
 def check_config(cfg, mode: str = 'train') -> None:
-    """Raise ``FileNotFoundError`` naming the first missing local input.
+    """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
+    safely, ``CheckpointLoadError``) naming the first bad local input.
 
     Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
     ``load_from`` as every loader will (``weights_only=True``, storage mapped,
