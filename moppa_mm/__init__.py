@@ -9,9 +9,7 @@ from .utils.torchvision_compat import ensure_torchvision_importable
 ensure_torchvision_importable()  # before anything imports torchvision
 
 from . import datasets, engine, evaluation, models  # noqa: E402,F401
-from .utils import checkpoint_compat, distributed  # noqa: E402,F401
-
-checkpoint_compat.register()  # Runner checkpoints under torch >= 2.6
+from .utils import distributed  # noqa: E402,F401
 
 
 def _register_config_scope() -> None:

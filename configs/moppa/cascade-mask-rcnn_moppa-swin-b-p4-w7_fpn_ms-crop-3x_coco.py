@@ -19,4 +19,5 @@ custom_hooks = [
     dict(type='RouteRegularizationHook', loss_weight=1.0),
     dict(type='AdapterCheckpointHook'),  # checkpoints hold adapters + heads only
     dict(type='RNGStateHook'),  # an interrupted run resumes to the same result
+    dict(type='PlainCheckpointHook'),  # checkpoints load with weights_only=True
 ]

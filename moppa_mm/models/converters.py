@@ -1,6 +1,6 @@
 """Pre-trained ViT checkpoints into mmpretrain's ``VisionTransformer`` keys.
 
-Sources (DESIGN.md §4): the JAX/timm ImageNet-21K AugReg release (``.npz``),
+Sources: the JAX/timm ImageNet-21K AugReg release (``.npz``),
 the MAE pre-train checkpoint (``{'model': ...}``, timm names) and MoCo v3
 (``{'state_dict': ...}``, ``module.base_encoder.`` prefix). Each function
 returns a backbone state dict (no prefix); :func:`save_backbone` writes it as
@@ -10,11 +10,14 @@ returns a backbone state dict (no prefix); :func:`save_backbone` writes it as
 import os
 import os.path as osp
 import re
+import zipfile
 from collections import OrderedDict
 from typing import Dict, Mapping
 
 import numpy as np
 import torch
+
+from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
 
 # timm block names -> mmpretrain layer names
 TIMM_TO_MMPRETRAIN = OrderedDict([
@@ -118,17 +121,30 @@ CONVERTERS = {'jax': jax_vit_to_mmpretrain, 'mae': mae_to_mmpretrain,
               'mocov3': mocov3_to_mmpretrain}
 
 
+def _load_npz(path: str) -> Dict[str, np.ndarray]:
+    """Arrays of an ``.npz`` without unpickling anything."""
+    if osp.getsize(path) == 0:
+        raise CheckpointLoadError(f'source checkpoint {path!r} is empty (0 bytes)')
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise CheckpointLoadError(
+            f'source checkpoint {path!r} is not a readable .npz of plain arrays '
+            f'(pickled objects are refused; truncated?): {error}') from error
+
+
 def load_source(path: str, source: str):
-    """Read a source checkpoint from a local path."""
+    """Read a source checkpoint from a local path, never unpickling objects
+    (``.pth`` with ``weights_only=True``, ``.npz`` with ``allow_pickle=False``)."""
     if source not in CONVERTERS:
         raise ValueError(f'unknown source format {source!r}, expected one of '
                          f'{tuple(CONVERTERS)}')
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path!r}')
     if source == 'jax':
-        with np.load(path) as npz:
-            return {k: npz[k] for k in npz.files}
-    return torch.load(path, map_location='cpu', weights_only=False)
+        return _load_npz(path)
+    return load_checkpoint_file(path, what='source checkpoint')
 
 
 def convert(path: str, source: str) -> 'OrderedDict[str, torch.Tensor]':

@@ -62,22 +62,24 @@ def _datasets(cfg, mode: str):
 
 
 def check_config(cfg, mode: str = 'train') -> None:
-    """Raise ``FileNotFoundError`` naming the first missing local input.
+    """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
+    safely, ``CheckpointLoadError``) naming the first bad local input.
 
-    Checks local pre-trained checkpoints (``init_cfg`` of type Pretrained),
-    ``load_from``, and each dataset's ``data_root`` and ``ann_file`` (and the
+    Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
+    ``load_from`` as every loader will (``weights_only=True``, storage mapped,
+    not read), and checks each dataset's ``data_root`` and ``ann_file`` (and the
     data-list file of mmpretrain datasets) for ``mode`` 'train' or 'test'.
     Remote paths (URLs) are left to the loaders.
     """
     if mode not in SPLITS:
         raise ValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
-    for where, path in _pretrained_checkpoints(cfg.get('model', {}), 'model'):
-        if not _is_remote(path) and not osp.isfile(osp.expanduser(path)):
-            raise FileNotFoundError(
-                f'pre-trained checkpoint not found: {where} = {path!r}')
-    load_from = cfg.get('load_from')
-    if load_from and not _is_remote(load_from) and not osp.isfile(load_from):
-        raise FileNotFoundError(f'checkpoint not found: load_from = {load_from!r}')
+    from .checkpoints import load_checkpoint_file
+    checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
+    if cfg.get('load_from'):
+        checkpoints.append(('load_from', cfg.load_from))
+    for where, path in checkpoints:
+        if not _is_remote(path):  # missing, empty, truncated, or unsafe
+            load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
     for where, ds in _datasets(cfg, mode):
         preflight = _dataset_preflight(ds.get('type'))
         if preflight is not None:

@@ -9,7 +9,6 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import HistoryBuffer
 
-from moppa_mm.utils.checkpoint_compat import load_local_checkpoint
 from moppa_mm.utils.distributed import setup_distributed
 from moppa_mm.utils.startup import PTH_NAME
 from tests.conftest import REPO, child_env
@@ -73,26 +72,29 @@ def test_fix_defines_the_schemas_when_the_ops_cannot_load():
     assert 'ok True' in result.stdout
 
 
-def test_runner_checkpoints_load_under_weights_only_default(tmp_path):
-    plain = tmp_path / 'weights.pth'
-    torch.save({'state_dict': {'w': torch.ones(2)}}, plain)
-    assert load_local_checkpoint(str(plain))['state_dict']['w'].sum() == 2
+def test_import_keeps_mmengines_safe_loader():
+    """``import moppa_mm`` replaces no loader: mmengine's local loader stays
+    torch's default ``weights_only=True`` load and refuses pickled objects."""
+    result = python(
+        'from mmengine.runner.checkpoint import CheckpointLoader\n'
+        'before = dict(CheckpointLoader._schemes)\n'
+        'import moppa_mm\n'
+        'assert dict(CheckpointLoader._schemes) == before, "loader replaced"\n'
+        'print("kept")')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'kept' in result.stdout
+
+
+def test_mmengine_loader_refuses_objects(tmp_path):
+    from mmengine.runner.checkpoint import CheckpointLoader
+    import moppa_mm  # noqa: F401
     buffer = HistoryBuffer()
     buffer.update(1.5)
     runner_ckpt = tmp_path / 'iter_2.pth'
     torch.save({'state_dict': {}, 'message_hub': {'log_scalars': {'loss': buffer}}},
                runner_ckpt)
-    with pytest.raises(pickle.UnpicklingError):  # what torch >= 2.6 does alone
-        torch.load(runner_ckpt)
-    loaded = load_local_checkpoint(str(runner_ckpt))
-    assert loaded['message_hub']['log_scalars']['loss'].current() == 1.5
-    with pytest.raises(FileNotFoundError, match='missing.pth'):
-        load_local_checkpoint(str(tmp_path / 'missing.pth'))
-    garbage = tmp_path / 'garbage.pth'
-    garbage.write_bytes(b'not a checkpoint')
-    with pytest.raises(Exception) as info:
-        load_local_checkpoint(str(garbage))
-    assert 'weights_only=False' not in str(info.value)
+    with pytest.raises(pickle.UnpicklingError):
+        CheckpointLoader.load_checkpoint(str(runner_ckpt))
 
 
 def test_cpu_distributed_setup(monkeypatch):

@@ -22,21 +22,19 @@ def frozen_state_keys(model: nn.Module) -> Set[str]:
 
 @HOOKS.register_module()
 class AdapterCheckpointHook(Hook):
-    """Saves only what training changes; rebuilds the rest from the pre-trained
-    weights when such a checkpoint is loaded.
+    """Saves only what training changes.
 
     ``before_save_checkpoint`` drops frozen parameters (and buffers of fully
     frozen modules) from ``checkpoint['state_dict']`` and marks the checkpoint
-    ``meta['adapter_only'] = True``. ``after_load_checkpoint`` sees that mark and,
-    if the model was never initialised (``runner.test()`` and ``runner.val()``
-    skip ``init_weights``), runs ``model.init_weights()`` first, which loads the
-    pre-trained backbone named by the config's ``init_cfg``. The adapter weights
-    are then loaded over it (mmengine loads non-strictly: the frozen keys are
-    reported as missing, as expected).
+    ``meta['adapter_only'] = True``. Loading needs nothing from this hook: the
+    MoPPA backbones check every state dict loaded into them and take the frozen
+    weights from their pre-trained ``init_cfg`` checkpoint when it lacks them
+    (so ``runner.test()``, which skips ``init_weights``, and the inference APIs
+    work too). ``after_load_checkpoint`` only tells the backbones which file is
+    being loaded, for their error messages.
 
     Args:
-        enabled (bool): Strip frozen weights when saving. Loading handles
-            adapter-only checkpoints either way. Defaults to True.
+        enabled (bool): Strip frozen weights when saving. Defaults to True.
     """
 
     priority = 'LOW'
@@ -62,10 +60,7 @@ class AdapterCheckpointHook(Hook):
                            f'{len(dropped)} frozen ones left out')
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not checkpoint.get('meta', {}).get('adapter_only', False):
-            return
-        model = self._unwrap(runner)
-        if not getattr(model, '_is_init', False):
-            runner.logger.info('AdapterCheckpointHook: adapter-only checkpoint; '
-                               'loading the pre-trained weights first')
-            model.init_weights()
+        source = getattr(runner, '_load_from', None)
+        for module in self._unwrap(runner).modules():
+            if hasattr(module, '_checkpoint_source'):
+                module._checkpoint_source = source

@@ -1,10 +1,31 @@
 """What the MoPPA backbones share: switching adapters off, re-initialising them
-after the base class's ``init_weights``, and the parameter breakdown."""
+after the base class's ``init_weights``, checking every state dict loaded into
+them, and the parameter breakdown."""
 from typing import Dict, Optional, Sequence, Tuple
 
 from mmengine.config import ConfigDict
+from mmengine.logging import print_log
 
-from moppa_mm.utils.params import parameter_table
+from moppa_mm.utils.checkpoints import naming_checkpoint
+from moppa_mm.utils.params import matches, parameter_table
+
+# The adapters' parameter names (relative to the backbone): everything else in
+# a MoPPA backbone is the frozen pre-trained base.
+ADAPTER_PATTERNS = ('*moppa*', '*conv_adapter*', '*ssf_*')
+
+
+def is_adapter_key(name: str) -> bool:
+    """Whether a backbone parameter / state-dict key belongs to an adapter."""
+    return matches(name, ADAPTER_PATTERNS)
+
+
+class PretrainedMismatchError(RuntimeError):
+    """A state dict does not fit the MoPPA backbone it is loaded into."""
+
+
+def _few(keys: Sequence[str], n: int = 5) -> str:
+    keys = sorted(keys)
+    return ', '.join(keys[:n]) + (f', ... ({len(keys)} in all)' if len(keys) > n else '')
 
 
 class AdapterMixin:
@@ -17,6 +38,103 @@ class AdapterMixin:
 
     ADAPTER_TYPES: Tuple[type, ...] = ()
     BREAKDOWN: Sequence[Tuple[str, Tuple[str, ...], str]] = ()
+    # base parameters that pre-trained releases legitimately lack (fnmatch)
+    PRETRAINED_MAY_LACK: Tuple[str, ...] = ()
+
+    def _register_state_dict_check(self) -> None:
+        """Call at the end of ``__init__``: after the base classes' own pre-hooks
+        (mmpretrain's ViT resizes ``pos_embed`` in one), so that shapes are
+        compared as they will be loaded."""
+        self._pretrained_loaded = False
+        self._checkpoint_source: Optional[str] = None
+        self._register_load_state_dict_pre_hook(self._check_incoming_state,
+                                                with_module=False)
+
+    def _check_incoming_state(self, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs) -> None:
+        """Every loader ends here (torch's and mmengine's ``load_state_dict``,
+        the ``Pretrained`` init, mmdet's Swin ``init_weights``).
+
+        * no adapter keys: a pre-trained base; every base parameter must be
+          there (except ``PRETRAINED_MAY_LACK``);
+        * adapter keys: a fine-tuned checkpoint; all of the model's adapters
+          must be there, and what it lacks of the base comes from the
+          pre-trained weights named by ``init_cfg`` (loaded first if they were
+          not yet), filled into ``state_dict`` so loaders do not report them;
+        * any shape that differs from the model's is an error.
+        """
+        own = self.state_dict()  # keys without the prefix
+        incoming = {k[len(prefix):]: v for k, v in state_dict.items()
+                    if k.startswith(prefix)}
+        where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
+        name = type(self).__name__
+        mismatched = [f'{k}: {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} '
+                      'in the model' for k, v in incoming.items()
+                      if k in own and hasattr(v, 'shape') and v.shape != own[k].shape]
+        if mismatched:
+            raise PretrainedMismatchError(
+                f'{name}: {len(mismatched)} tensors of the state dict{where} do not '
+                f'fit the model (a checkpoint of another architecture, scope '
+                f'or window size?): {_few(mismatched, 3)}')
+        params = [k for k, _ in self.named_parameters()]
+        base = [k for k in params if not is_adapter_key(k)]
+        adapters = [k for k in params if is_adapter_key(k)]
+        given_adapters = [k for k in incoming if is_adapter_key(k)]
+        if not given_adapters:  # a pre-trained base
+            required = [k for k in base if not matches(k, self.PRETRAINED_MAY_LACK)]
+            lacking = [k for k in required if k not in incoming]
+            if lacking:
+                raise PretrainedMismatchError(
+                    f'{name}: the pre-trained state dict{where} restores '
+                    f'{len(required) - len(lacking)} of the {len(required)} frozen base '
+                    f'parameters; missing: {_few(lacking)}. The frozen backbone '
+                    'would stay random: is it a checkpoint of this backbone, with '
+                    f'its keys (given {len(incoming)} keys, e.g. '
+                    f'{_few(list(incoming), 3) or "none"})?')
+            self._pretrained_loaded = True
+            return
+        lacking_adapters = [k for k in adapters if k not in incoming]
+        if lacking_adapters:
+            raise PretrainedMismatchError(
+                f'{name}: the state dict{where} holds adapters but lacks '
+                f'{len(lacking_adapters)} of the model\'s {len(adapters)} adapter '
+                f'parameters: {_few(lacking_adapters)}')
+        lacking = [k for k in own if k not in incoming]
+        if not lacking:
+            self._pretrained_loaded = True
+            return
+        if not self._pretrained_loaded:
+            self._load_pretrained_base(where)
+            own = self.state_dict()
+        for key in lacking:  # keep the base as loaded: copy it onto itself
+            state_dict[prefix + key] = own[key]
+        print_log(f'{name}: {len(incoming)} tensors{where} (adapter-only); '
+                  f'{len(lacking)} frozen ones come from the pre-trained weights',
+                  logger='current')
+
+    def _load_pretrained_base(self, where: str) -> None:
+        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
+        if init_cfg.get('type') != 'Pretrained' or not init_cfg.get('checkpoint'):
+            raise PretrainedMismatchError(
+                f'{type(self).__name__}: the checkpoint{where} is adapter-only: '
+                'it does not hold the frozen pre-trained weights, and '
+                'model.backbone.init_cfg names no Pretrained checkpoint to take '
+                'them from (mmdet\'s init_detector / DetInferencer and '
+                'mmpretrain\'s get_model clear it). Set '
+                'model.backbone.init_cfg.checkpoint, or make a self-contained '
+                'checkpoint with tools/model_converters/publish_model.py '
+                '--merge-base.')
+        print_log(f'{type(self).__name__}: adapter-only checkpoint{where}; loading '
+                  f'the pre-trained weights {init_cfg["checkpoint"]!r} first',
+                  logger='current')
+        source = self._checkpoint_source
+        self._is_init = False  # mmengine skips a module initialised before
+        self.init_weights()
+        self._checkpoint_source = source
+        if not self._pretrained_loaded:  # a loader that bypassed the check
+            raise PretrainedMismatchError(
+                f'{type(self).__name__}: loading {init_cfg["checkpoint"]!r} did '
+                'not restore the pre-trained base')
 
     @staticmethod
     def _check_moppa_cfg(moppa_cfg: Optional[dict], kwargs: dict) -> dict:
@@ -47,8 +165,21 @@ class AdapterMixin:
 
     def init_weights(self) -> None:
         """The base classes re-initialise every Linear when no checkpoint is
-        given: re-initialise the adapters after them."""
-        super().init_weights()
+        given: re-initialise the adapters after them. Errors while reading the
+        pre-trained checkpoint name the file."""
+        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
+        checkpoint = init_cfg.get('checkpoint') if init_cfg.get('type') == 'Pretrained' \
+            else None
+        if checkpoint is None:
+            super().init_weights()
+        else:
+            self._checkpoint_source = checkpoint
+            try:
+                with naming_checkpoint(checkpoint, 'pre-trained checkpoint '
+                                       'model.backbone.init_cfg.checkpoint ='):
+                    super().init_weights()
+            finally:
+                self._checkpoint_source = None
         for module in self._adapters():
             module.reset_parameters()
 

@@ -15,10 +15,9 @@ from mmdet.registry import MODELS
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.utils.params import set_trainable
 from ..layers import ConvAdapter
-from .adapter_mixin import AdapterMixin
+from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
 
 SCOPES = ('window', 'global')
-ADAPTER_PATTERNS = ('*moppa*', '*conv_adapter*')
 
 
 class SwinMoPPAUnit(MoPPAUnit):
@@ -97,6 +96,7 @@ class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter)
+    PRETRAINED_MAY_LACK = ('norm[0-9]*', )  # mmdet's per-stage output norms
     BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
                  ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
                  ('pretrained', ('*', ), 'pre-trained Swin'))
@@ -130,6 +130,7 @@ class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
                 self._add_adapters(block, global_grid)
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS)
+        self._register_state_dict_check()
 
     # ------------------------------------------------------------ wiring
     def _add_adapters(self, block: nn.Module, global_grid: int) -> None:

@@ -18,9 +18,7 @@ from mmpretrain.registry import MODELS
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.utils.params import set_trainable
 from ..layers import ScaleShift
-from .adapter_mixin import AdapterMixin
-
-ADAPTER_PATTERNS = ('*moppa*', '*ssf_*')
+from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
 
 
 class ViTMoPPAUnit(MoPPAUnit):
@@ -92,6 +90,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         self.patch_embed.register_forward_hook(self._record_patch_resolution)
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS)
+        self._register_state_dict_check()
 
     def _add_scale_shift(self, layer: nn.Module) -> None:
         dims = self.embed_dims

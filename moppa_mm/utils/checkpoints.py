@@ -1,0 +1,185 @@
+"""Loading checkpoints without running code, and writing ones that load so.
+
+A ``.pth`` file is a pickle: unpickling it with ``weights_only=False`` runs
+whatever it names. Every loader of this package therefore uses
+``torch.load(weights_only=True)`` (tensors, plain containers, numbers and
+strings only), and every checkpoint it writes holds nothing else
+(:func:`to_plain` turns the Runner's message-hub buffers and numpy states into
+tagged plain containers, :func:`from_plain` turns them back). mmengine's own
+loader calls ``torch.load`` without ``weights_only``, which torch >= 2.6 takes
+as ``True``.
+
+A file that needs more is refused with a :class:`CheckpointLoadError` naming
+it. The opt-in, for a file from a source you trust, is torch's own environment
+variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``; it applies to mmengine's
+loader and to ours alike.
+"""
+import contextlib
+import os
+import os.path as osp
+import pickle
+import zipfile
+from collections import OrderedDict
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+OPT_IN_ENV = 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'
+_TRUE_VALUES = ('1', 'y', 'yes', 'true')  # as torch.load reads the variable
+
+
+class CheckpointLoadError(RuntimeError):
+    """A checkpoint file could not be loaded safely (refused, truncated, empty)."""
+
+
+def unsafe_load_allowed() -> bool:
+    """Whether the user opted in to unpickling arbitrary objects."""
+    return os.getenv(OPT_IN_ENV, '0').lower() in _TRUE_VALUES
+
+
+def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) and 'weights_only' in text.replace(
+            'Weights only', 'weights_only'):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        first_line = next((line for line in lines if 'nsupported' in line),
+                          lines[0] if lines else '')
+        first_line = first_line.replace('WeightsUnpickler error: ', '')
+        return CheckpointLoadError(
+            f'{what} {path!r} holds Python objects besides tensors and plain '
+            f'containers, and loading it could run code ({first_line}). '
+            f'Refused. If you trust the file, set {OPT_IN_ENV}=1 to load it with '
+            'weights_only=False.')
+    if osp.isfile(path) and osp.getsize(path) == 0:
+        return CheckpointLoadError(f'{what} {path!r} is empty (0 bytes)')
+    return CheckpointLoadError(
+        f'{what} {path!r} could not be read; is it truncated or not a PyTorch '
+        f'checkpoint? ({type(error).__name__}: {text.strip()[:300]})')
+
+
+@contextlib.contextmanager
+def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
+    """Re-raise a loading failure inside the block as a
+    :class:`CheckpointLoadError` that names ``path`` (and the opt-in where the
+    file was refused for holding objects)."""
+    try:
+        yield
+    except CheckpointLoadError:
+        raise
+    except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as error:
+        raise _explain(path, what, error) from error
+    except RuntimeError as error:  # torch's zip reader: truncated archives
+        if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error):
+            raise _explain(path, what, error) from error
+        raise
+
+
+def load_checkpoint_file(path: str, what: str = 'checkpoint',
+                         map_location='cpu', mmap: bool = False) -> Any:
+    """``torch.load`` a local file with ``weights_only=True`` (unless the user
+    opted in), raising :class:`CheckpointLoadError` that names ``path``.
+
+    Args:
+        path: the local file.
+        what: how the error names the file (e.g. ``'pre-trained checkpoint'``).
+        map_location: as :func:`torch.load`.
+        mmap: map the tensors' storage instead of reading it (cheap checks);
+            files in torch's legacy format are read normally.
+    """
+    path = osp.expanduser(path)
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'{what} {path!r} not found')
+    with naming_checkpoint(path, what):
+        if osp.getsize(path) == 0:
+            raise EOFError('empty file')
+        weights_only = not unsafe_load_allowed()
+        use_mmap = mmap and zipfile.is_zipfile(path)
+        return torch.load(path, map_location=map_location,
+                          weights_only=weights_only, mmap=use_mmap)
+
+
+# ------------------------------------------------------ plain checkpoints
+_TAG = '__moppa_plain__'
+_PLAIN_LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor,
+                 torch.Size, torch.dtype, torch.device)
+
+
+def _encode_ndarray(array: np.ndarray) -> dict:
+    if array.dtype.kind in 'biufc':
+        try:
+            data = torch.from_numpy(np.ascontiguousarray(array).copy())
+        except TypeError:  # a dtype torch lacks: keep the numbers as a list
+            data = array.tolist()
+    else:  # strings: plain lists
+        data = array.tolist()
+    return {_TAG: 'ndarray', 'dtype': array.dtype.str, 'shape': list(array.shape),
+            'data': data}
+
+
+def _decode_ndarray(item: dict) -> np.ndarray:
+    data = item['data']
+    array = data.numpy() if isinstance(data, torch.Tensor) else np.array(data)
+    return array.astype(np.dtype(item['dtype'])).reshape(item['shape'])
+
+
+def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
+    """A copy of ``obj`` that ``torch.load(weights_only=True)`` reads: numpy
+    arrays and scalars and mmengine's ``HistoryBuffer`` become tagged dicts,
+    tuples become tagged lists; containers are rebuilt, tensors and other
+    plain leaves are kept as they are.
+
+    Raises:
+        TypeError: for any other object, naming where it is.
+    """
+    from mmengine.logging import HistoryBuffer
+    if isinstance(obj, np.ndarray):
+        return _encode_ndarray(obj)
+    if isinstance(obj, np.generic):  # before the leaves: np.float64 is a float
+        return {_TAG: 'npscalar', 'value': _encode_ndarray(np.asarray(obj))}
+    if isinstance(obj, _PLAIN_LEAVES):
+        return obj
+    if isinstance(obj, HistoryBuffer):
+        return {_TAG: 'HistoryBuffer', 'max_length': obj.max_length,
+                'log': _encode_ndarray(obj._log_history),
+                'count': _encode_ndarray(obj._count_history)}
+    if isinstance(obj, dict):
+        plain = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f'{where}: key {key!r} of type {type(key).__name__} '
+                                'cannot be saved as a plain checkpoint')
+            plain[key] = to_plain(value, f'{where}[{key!r}]')
+        return plain
+    if isinstance(obj, list):
+        return [to_plain(v, f'{where}[{i}]') for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {_TAG: 'tuple', 'items': [to_plain(v, f'{where}[{i}]')
+                                         for i, v in enumerate(obj)]}
+    raise TypeError(f'{where} holds a {type(obj).__module__}.{type(obj).__name__}, '
+                    'which torch.load(weights_only=True) cannot read')
+
+
+def from_plain(obj: Any) -> Any:
+    """The inverse of :func:`to_plain`. Dicts and lists are decoded in place
+    (a reference kept to one of them sees the decoded values); values that
+    were never encoded are returned unchanged, so decoding twice is harmless."""
+    from mmengine.logging import HistoryBuffer
+    if isinstance(obj, dict):
+        kind = obj.get(_TAG)
+        if kind == 'ndarray':
+            return _decode_ndarray(obj)
+        if kind == 'npscalar':
+            return _decode_ndarray(obj['value'])[()]
+        if kind == 'tuple':
+            return tuple(from_plain(v) for v in obj['items'])
+        if kind == 'HistoryBuffer':
+            return HistoryBuffer(_decode_ndarray(obj['log']),
+                                 _decode_ndarray(obj['count']),
+                                 max_length=obj['max_length'])
+        for key in list(obj):
+            obj[key] = from_plain(obj[key])
+        return obj
+    if isinstance(obj, list):
+        obj[:] = [from_plain(v) for v in obj]
+    return obj

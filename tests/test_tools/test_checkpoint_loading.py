@@ -1,0 +1,241 @@
+"""Loading checkpoints through every public path: the Runner (resume,
+tools/test.py), the publish tools, mmdet's inference APIs; wrong or unsafe
+files stop with the file named."""
+import copy
+import os.path as osp
+import pickle
+import subprocess
+
+import pytest
+import torch
+from mmengine.runner import Runner, load_checkpoint
+
+from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
+from moppa_mm.utils.checkpoints import CheckpointLoadError
+from moppa_mm.utils.preflight import check_config
+from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
+from tests.test_utils.test_checkpoints import assert_refused, crafted_checkpoint
+
+MMDET_PUBLISH = osp.join(osp.dirname(__import__('mmdet').__file__),
+                         '.mim/tools/model_converters/publish_model.py')
+
+
+def run(args, timeout=600):
+    return subprocess.run(args, cwd=REPO, env=child_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope='module')
+def trained(shapes_data, tmp_path_factory):
+    """A 2-iteration real training run; adapter-only checkpoint at iter 2."""
+    work = tmp_path_factory.mktemp('train')
+    cfg = tiny_detection_cfg(shapes_data, work, max_iters=2)
+    Runner.from_cfg(cfg).train()
+    config = dump_cfg(cfg, work / 'tiny.py')
+    return dict(cfg=cfg, config=config, work=str(work),
+                ckpt=str(work / 'iter_2.pth'), data=shapes_data)
+
+
+def build_detector(cfg):
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    return MODELS.build(cfg.model)
+
+
+def test_training_checkpoint_is_plain_and_resumes(trained, tmp_path):
+    ckpt = torch.load(trained['ckpt'], weights_only=True)  # nothing but plain data
+    assert ckpt['meta']['adapter_only'] and 'rng_state' in ckpt['meta']
+    assert {'message_hub', 'optimizer', 'param_schedulers'} <= set(ckpt)
+
+    cfg = tiny_detection_cfg(trained['data'], tmp_path, max_iters=3)
+    cfg.load_from, cfg.resume = trained['ckpt'], True
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    assert runner.iter == 3
+    losses = runner.message_hub.get_scalar('train/loss').data[0]
+    assert len(losses) == 3  # the two logged before the checkpoint came back
+
+
+def test_mmdet_publish_tool_reads_our_checkpoint(trained, tmp_path):
+    result = run([PYTHON, MMDET_PUBLISH, trained['ckpt'], str(tmp_path / 'pub.pth')])
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_published_checkpoint_gives_the_same_metrics(trained, tmp_path):
+    result = run([PYTHON, 'tools/model_converters/publish_model.py', trained['ckpt'],
+                  str(tmp_path / 'tiny.pth')])
+    assert result.returncode == 0, result.stderr[-3000:]
+    published = result.stdout.splitlines()[-1].split()[0]
+    assert osp.basename(published).startswith('tiny-') and published.endswith('.pth')
+    ckpt = torch.load(published, weights_only=True)
+    assert set(ckpt) == {'meta', 'state_dict'} and 'rng_state' not in ckpt['meta']
+    assert osp.getsize(published) < osp.getsize(trained['ckpt']) / 2
+
+    metrics = []
+    for i, checkpoint in enumerate((trained['ckpt'], published)):
+        work = tmp_path / f'test{i}'
+        result = run([PYTHON, 'tools/test.py', trained['config'], checkpoint,
+                      '--work-dir', str(work)])
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics.append(result.stdout.split('coco/bbox_mAP:')[-1].split()[0])
+    assert metrics[0] == metrics[1]
+
+
+def test_test_tool_refuses_crafted_and_truncated_checkpoints(trained, tmp_path):
+    marker = str(tmp_path / 'ran')
+    evil = crafted_checkpoint(tmp_path / 'evil.pth', marker)
+    result = run([PYTHON, 'tools/test.py', trained['config'], evil,
+                  '--work-dir', str(tmp_path)])
+    assert result.returncode != 0
+    assert_refused(result.stderr, evil, marker)
+    assert 'Runner' not in result.stdout  # stopped before the Runner was built
+
+    truncated = str(tmp_path / 'truncated.pth')
+    with open(trained['ckpt'], 'rb') as src, open(truncated, 'wb') as dst:
+        dst.write(src.read()[:4096])
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.load_from = truncated
+    with pytest.raises(CheckpointLoadError, match='truncated.pth'):
+        check_config(cfg, mode='test')
+
+
+def test_crafted_pretrained_checkpoint_is_refused(trained, tmp_path):
+    marker = str(tmp_path / 'ran')
+    evil = crafted_checkpoint(tmp_path / 'evil_swin.pth', marker)
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.init_cfg.checkpoint = evil
+    with pytest.raises(CheckpointLoadError) as info:  # tools/train.py, tools/test.py
+        check_config(cfg, mode='train')
+    assert_refused(str(info.value), evil, marker)
+    with pytest.raises(CheckpointLoadError) as info:  # any other path
+        build_detector(cfg).init_weights()
+    assert_refused(str(info.value), evil, marker)
+    assert 'init_cfg.checkpoint' in str(info.value)
+
+
+@pytest.mark.parametrize('damage', ['empty', 'truncated'])
+def test_broken_pretrained_checkpoint_is_named(trained, tmp_path, damage):
+    broken = str(tmp_path / 'broken_swin.pth')
+    with open(trained['data']['pretrained'], 'rb') as src, open(broken, 'wb') as dst:
+        dst.write(b'' if damage == 'empty' else src.read()[:4096])
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.init_cfg.checkpoint = broken
+    with pytest.raises(CheckpointLoadError, match='broken_swin.pth'):
+        check_config(cfg, mode='train')
+    with pytest.raises(CheckpointLoadError, match=f'broken_swin.pth.*{damage}'):
+        build_detector(cfg).init_weights()
+
+
+def test_vit_checkpoint_as_swin_pretrained_stops(trained, tmp_path):
+    from mmpretrain.models.backbones import VisionTransformer
+    from moppa_mm.models.converters import save_backbone
+    vit = VisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
+                                      feedforward_channels=64), img_size=32,
+                            patch_size=8)
+    path = save_backbone(vit.state_dict(), str(tmp_path / 'vit.pth'))
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.init_cfg.checkpoint = path
+    with pytest.raises(PretrainedMismatchError,
+                       match=r'vit\.pth.* restores 0 of the \d+ frozen base'):
+        build_detector(cfg).init_weights()
+
+
+def test_adapter_only_checkpoint_without_pretrained_stops(trained):
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.init_cfg = None
+    model = build_detector(cfg)
+    with pytest.raises(PretrainedMismatchError,
+                       match='adapter-only.*init_cfg.checkpoint'):
+        load_checkpoint(model, trained['ckpt'])
+
+
+def test_global_scope_checkpoint_in_window_scope_model_stops(trained, tmp_path):
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.moppa_scope = 'global'
+    global_model = build_detector(cfg)
+    path = str(tmp_path / 'global.pth')
+    torch.save({'state_dict': global_model.state_dict()}, path)
+    with pytest.raises(PretrainedMismatchError, match='do not fit the model'):
+        load_checkpoint(build_detector(copy.deepcopy(trained['cfg'])), path)
+
+
+def test_test_tool_restores_the_pretrained_base(trained, tmp_path):
+    """tools/test.py (runner.test skips init_weights) on an adapter-only file."""
+    result = run([PYTHON, 'tools/test.py', trained['config'], trained['ckpt'],
+                  '--work-dir', str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'loading the pre-trained weights' in result.stdout + result.stderr
+
+
+def test_inference_apis_match_the_test_tool(trained, tmp_path):
+    from mmdet.apis import DetInferencer, inference_detector, init_detector
+    out = str(tmp_path / 'preds.pkl')
+    result = run([PYTHON, 'tools/test.py', trained['config'], trained['ckpt'],
+                  '--work-dir', str(tmp_path), '--out', out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out, 'rb') as f:  # written by the test tool above
+        reference = pickle.load(f)[0]
+    image = reference['img_path']
+
+    # init_detector clears the backbone's init_cfg: adapter-only must refuse
+    with pytest.raises(PretrainedMismatchError, match='--merge-base'):
+        init_detector(trained['config'], trained['ckpt'], device='cpu')
+    result = run([PYTHON, 'tools/model_converters/publish_model.py', trained['ckpt'],
+                  str(tmp_path / 'full.pth'), '--merge-base'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    full = result.stdout.splitlines()[-1].split()[0]
+
+    def assert_same(bboxes, scores):
+        torch.testing.assert_close(torch.as_tensor(bboxes),
+                                   reference['pred_instances']['bboxes'])
+        torch.testing.assert_close(torch.as_tensor(scores),
+                                   reference['pred_instances']['scores'])
+
+    assert len(reference['pred_instances']['scores']) > 0
+    model = init_detector(trained['config'], full, device='cpu')
+    pred = inference_detector(model, image).pred_instances
+    assert_same(pred.bboxes, pred.scores)
+    inferencer = DetInferencer(model=trained['config'], weights=full, device='cpu',
+                               show_progress=False)
+    pred = inferencer(image, return_datasamples=True)['predictions'][0].pred_instances
+    assert_same(pred.bboxes, pred.scores)
+
+
+def test_mmpretrain_apis_match_the_test_tool(tmp_path):
+    """get_model / ImageClassificationInferencer on an adapter-only checkpoint
+    restore the pre-trained ViT from init_cfg: same scores as tools/test.py."""
+    import numpy as np
+    from mmpretrain.apis import ImageClassificationInferencer, get_model
+    from tests.test_tools.test_vtab_pipeline import make_vtab, tiny_vtab_cfg
+    from mmpretrain.models.backbones import VisionTransformer
+    from moppa_mm.models.converters import save_backbone
+    root = str(tmp_path / 'vtab')
+    make_vtab(root, 'eurosat', np.random.default_rng(0),
+              per_split=dict(train800val200=8, test=4))
+    torch.manual_seed(0)
+    vit = VisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
+                                      feedforward_channels=64), img_size=32,
+                            patch_size=8)
+    vit.init_weights()
+    pretrained = save_backbone(vit.state_dict(), str(tmp_path / 'vit.pth'))
+    cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', str(tmp_path / 'work'))
+    Runner.from_cfg(cfg).train()
+    ckpt = str(tmp_path / 'work' / 'epoch_2.pth')
+    config = dump_cfg(cfg, tmp_path / 'vit.py')
+    out = str(tmp_path / 'preds.pkl')
+    result = run([PYTHON, 'tools/test.py', config, ckpt, '--work-dir',
+                  str(tmp_path / 'test'), '--out', out])
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out, 'rb') as f:  # written by the test tool above
+        reference = pickle.load(f)[0]
+    image, expected = reference['img_path'], torch.as_tensor(reference['pred_score'])
+
+    model = get_model(config, pretrained=ckpt, device='cpu')
+    scores = ImageClassificationInferencer(model=model, pretrained=False)(
+        image, return_datasamples=True)[0].pred_score
+    torch.testing.assert_close(torch.as_tensor(scores), expected)
+    inferencer = ImageClassificationInferencer(model=config, pretrained=ckpt,
+                                               device='cpu')
+    scores = inferencer(image, return_datasamples=True)[0].pred_score
+    torch.testing.assert_close(torch.as_tensor(scores), expected)

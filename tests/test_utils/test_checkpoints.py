@@ -1,0 +1,128 @@
+"""Checkpoint files: refused unless safe, named when broken, written plain."""
+import os
+import os.path as osp
+import random
+import shlex
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from mmengine.logging import HistoryBuffer
+
+from moppa_mm.models.converters import convert
+from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError, from_plain,
+                                        load_checkpoint_file, to_plain)
+from tests.conftest import PYTHON, REPO, child_env
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f'touch {shlex.quote(self.marker)}', ))
+
+
+def crafted_checkpoint(path, marker, state_dict=None, key='state_dict'):
+    torch.save({key: state_dict or {'x': torch.zeros(1)}, 'meta': Payload(marker)},
+               path)
+    return str(path)
+
+
+def assert_refused(error_text, path, marker):
+    assert not osp.exists(marker), 'the payload ran'
+    assert str(path) in error_text and OPT_IN_ENV in error_text, error_text
+
+
+def test_crafted_checkpoint_is_refused_and_opt_in_is_explicit(tmp_path):
+    marker = str(tmp_path / 'ran')
+    path = crafted_checkpoint(tmp_path / 'evil.pth', marker)
+    with pytest.raises(CheckpointLoadError) as info:
+        load_checkpoint_file(path)
+    assert_refused(str(info.value), path, marker)
+    os.environ[OPT_IN_ENV] = '1'
+    try:
+        load_checkpoint_file(path)
+    finally:
+        del os.environ[OPT_IN_ENV]
+    assert osp.exists(marker)  # the documented opt-in really unpickles
+
+
+@pytest.mark.parametrize('source', ['mae', 'mocov3'])
+def test_converters_refuse_crafted_pth(tmp_path, source):
+    marker = str(tmp_path / 'ran')
+    key = 'model' if source == 'mae' else 'state_dict'
+    path = crafted_checkpoint(tmp_path / 'evil.pth', marker, key=key)
+    with pytest.raises(CheckpointLoadError) as info:
+        convert(path, source)
+    assert_refused(str(info.value), path, marker)
+
+
+def test_converter_tool_refuses_crafted_pth(tmp_path):
+    marker = str(tmp_path / 'ran')
+    path = crafted_checkpoint(tmp_path / 'evil.pth', marker, key='model')
+    result = subprocess.run(
+        [PYTHON, 'tools/model_converters/vit_to_mmpretrain.py', 'mae', path,
+         str(tmp_path / 'out.pth')], cwd=REPO, env=child_env(), capture_output=True,
+        text=True, timeout=300)
+    assert result.returncode != 0
+    assert_refused(result.stderr, path, marker)
+
+
+def test_jax_converter_refuses_pickled_npz(tmp_path):
+    marker = str(tmp_path / 'ran')
+    path = str(tmp_path / 'evil.npz')
+    np.savez(path, cls=np.array([Payload(marker)], dtype=object))
+    with pytest.raises(CheckpointLoadError, match='evil.npz'):
+        convert(path, 'jax')
+    assert not osp.exists(marker)
+
+
+@pytest.mark.parametrize('source', ['jax', 'mae'])
+@pytest.mark.parametrize('damage', ['empty', 'truncated'])
+def test_broken_files_are_named(tmp_path, source, damage):
+    path = str(tmp_path / ('src.npz' if source == 'jax' else 'src.pth'))
+    if source == 'jax':
+        np.savez(path, cls=np.zeros((1, 1, 8)))
+    else:
+        torch.save({'model': {'cls_token': torch.zeros(1, 1, 8)}}, path)
+    size = osp.getsize(path)
+    with open(path, 'r+b') as f:
+        f.truncate(0 if damage == 'empty' else size // 2)
+    with pytest.raises(CheckpointLoadError, match=r'src\.(npz|pth)'):
+        convert(path, source)
+
+
+def test_plain_containers_round_trip(tmp_path):
+    random.seed(1)
+    np.random.seed(1)
+    buffer = HistoryBuffer()
+    for value in (1.5, 2.5, np.float64(3.0)):
+        buffer.update(value)
+    state = {
+        'message_hub': {'log_scalars': {'train/loss': buffer},
+                        'runtime_info': {'iter': 3, 'lr': np.float64(0.1)}},
+        'rng': {'python': random.getstate(), 'numpy': np.random.get_state()},
+        'meta': {'classes': ('a', 'b'), 'palette': [(1, 2, 3)],
+                 'names': np.array(['x', 'yz'])},
+    }
+    path = str(tmp_path / 'plain.pth')
+    torch.save(to_plain(state), path)
+    loaded = from_plain(torch.load(path, weights_only=True))
+    restored = loaded['message_hub']['log_scalars']['train/loss']
+    np.testing.assert_array_equal(restored.data[0], buffer.data[0])
+    np.testing.assert_array_equal(restored.data[1], buffer.data[1])
+    lr = loaded['message_hub']['runtime_info']['lr']
+    assert type(lr) is np.float64 and lr == 0.1
+    assert loaded['rng']['python'] == state['rng']['python']
+    np.random.set_state(loaded['rng']['numpy'])
+    expected = np.random.RandomState()
+    expected.set_state(state['rng']['numpy'])
+    assert np.random.rand() == expected.rand()
+    assert loaded['meta']['classes'] == ('a', 'b')
+    assert loaded['meta']['names'].tolist() == ['x', 'yz']
+    with pytest.raises(TypeError, match=r"checkpoint\['bad'\]"):
+        to_plain({'bad': object()})

@@ -1,0 +1,93 @@
+"""Make a checkpoint publishable (OpenMMLab's publish_model pattern).
+
+    python tools/model_converters/publish_model.py work_dirs/x/epoch_36.pth moppa_coco.pth
+    python tools/model_converters/publish_model.py IN.pth moppa_coco_full.pth --merge-base
+
+Keeps the weights and ``meta`` (without the random states), drops the optimizer
+state, the message hub and the scheduler states, and writes
+``<out>-<first 8 hex digits of the sha256>.pth``. The result loads with
+``torch.load(weights_only=True)``.
+
+An adapter-only checkpoint stays adapter-only (megabytes; it needs the
+pre-trained backbone named by the config's ``init_cfg``). ``--merge-base``
+builds the model from the config stored in the checkpoint (or ``--config``),
+loads the pre-trained backbone and the checkpoint, and saves the whole model:
+a self-contained file for mmdet's ``init_detector`` / ``DetInferencer``, which
+clear the backbone's ``init_cfg``.
+"""
+import argparse
+import hashlib
+import os
+import os.path as osp
+
+import moppa_mm  # noqa: F401  registries
+import torch
+
+from moppa_mm.utils.checkpoints import load_checkpoint_file
+
+DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
+DROPPED_META = ('rng_state', )
+
+
+def merged_state_dict(checkpoint: dict, config: str = None) -> dict:
+    """The whole model's state dict: the pre-trained base filled in by the
+    MoPPA backbones' loading check (they read it from ``init_cfg``)."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, init_default_scope
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+    if config is not None:
+        cfg = Config.fromfile(config)
+    elif 'cfg' in checkpoint.get('meta', {}):
+        cfg = Config.fromstring(checkpoint['meta']['cfg'], file_format='.py')
+    else:
+        raise ValueError('the checkpoint stores no config: pass --config')
+    init_default_scope(cfg.get('default_scope', 'mmengine'))
+    model = MODELS.build(cfg.model)
+    _load_checkpoint_to_model(model, checkpoint, strict=True)
+    return model.state_dict()
+
+
+def publish(in_file: str, out_file: str, merge_base: bool = False,
+            config: str = None) -> str:
+    """Write the published checkpoint; returns its final path."""
+    checkpoint = load_checkpoint_file(in_file, what='checkpoint to publish')
+    if 'state_dict' not in checkpoint:
+        raise KeyError(f'{in_file!r} has no state_dict: not an mmengine checkpoint')
+    for key in DROPPED:
+        checkpoint.pop(key, None)
+    meta = checkpoint.setdefault('meta', {})
+    for key in DROPPED_META:
+        meta.pop(key, None)
+    if merge_base:
+        checkpoint['state_dict'] = merged_state_dict(checkpoint, config)
+        meta['adapter_only'] = False
+    stem = out_file[:-len('.pth')] if out_file.endswith('.pth') else out_file
+    tmp_file = stem + '.tmp.pth'
+    os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
+    torch.save(checkpoint, tmp_file)
+    sha = hashlib.sha256()
+    with open(tmp_file, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            sha.update(block)
+    final_file = f'{stem}-{sha.hexdigest()[:8]}.pth'
+    os.replace(tmp_file, final_file)
+    return final_file
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('in_file', help='checkpoint written by training')
+    parser.add_argument('out_file', help='output name; the sha256 prefix is appended')
+    parser.add_argument('--merge-base', action='store_true',
+                        help='include the frozen pre-trained backbone weights')
+    parser.add_argument('--config', help='config to build the model with for '
+                        '--merge-base (default: the one stored in the checkpoint)')
+    args = parser.parse_args()
+    final_file = publish(args.in_file, args.out_file, args.merge_base, args.config)
+    size = osp.getsize(final_file) / 2**20
+    print(f'{final_file} ({size:.1f} MiB)')
+
+
+if __name__ == '__main__':
+    main()
