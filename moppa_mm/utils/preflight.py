@@ -53,11 +53,16 @@ def _datasets(cfg, mode: str):
         stack = [(loader_key + '.dataset', dataset)]
         while stack:  # wrappers (RepeatDataset, ConcatDataset) nest datasets
             where, ds = stack.pop()
-            if 'dataset' in ds:
-                stack.append((where + '.dataset', ds['dataset']))
-            for i, inner in enumerate(ds.get('datasets', [])):
-                stack.append((f'{where}.datasets[{i}]', inner))
-            if 'dataset' not in ds and 'datasets' not in ds:
+            # a wrapper holds dataset configs; a plain dataset may have a
+            # ``dataset`` argument of its own (FGVC's dataset='cub')
+            inner = ds.get('dataset')
+            inners = ds.get('datasets')
+            if isinstance(inner, dict):
+                stack.append((where + '.dataset', inner))
+            if isinstance(inners, (list, tuple)):
+                for i, each in enumerate(inners):
+                    stack.append((f'{where}.datasets[{i}]', each))
+            if not isinstance(inner, dict) and not isinstance(inners, (list, tuple)):
                 yield where, ds
 
 

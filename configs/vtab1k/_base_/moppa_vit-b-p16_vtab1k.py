@@ -85,4 +85,5 @@ custom_hooks = [
     dict(type='RouteRegularizationHook', loss_weight=1.0),
     dict(type='AdapterCheckpointHook'),  # ~1 MB per task instead of ~330 MB
     dict(type='RNGStateHook'),
+    dict(type='NonFiniteLossHook'),  # stops at a NaN/inf loss, before saving
 ]

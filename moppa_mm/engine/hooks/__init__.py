@@ -1,7 +1,8 @@
 from .adapter_checkpoint_hook import AdapterCheckpointHook
+from .non_finite_loss_hook import NonFiniteLossHook
 from .peft_freeze_hook import PEFTFreezeHook
 from .rng_state_hook import RNGStateHook
 from .route_regularization_hook import RouteRegularizationHook
 
-__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RNGStateHook',
-           'RouteRegularizationHook']
+__all__ = ['AdapterCheckpointHook', 'NonFiniteLossHook', 'PEFTFreezeHook',
+           'RNGStateHook', 'RouteRegularizationHook']
