@@ -14,6 +14,8 @@ def test_the_19_tasks_and_their_groups():
 
 def make_task(root, task, lines):
     os.makedirs(root / task / 'images' / 'train', exist_ok=True)
+    for line in lines:  # the data set checks that each listed image is there
+        (root / task / line.split()[0]).write_bytes(b'jpeg')
     (root / task / 'train800val200.txt').write_text('\n'.join(lines) + '\n')
 
 
@@ -39,6 +41,9 @@ def test_bad_tasks_and_splits(tmp_path):
 
 
 def test_fgvc_json_splits(tmp_path):
+    for name in ('001.Albatross/a.jpg', '200.Wren/b.jpg'):
+        os.makedirs(tmp_path / 'images' / os.path.dirname(name), exist_ok=True)
+        (tmp_path / 'images' / name).write_bytes(b'jpeg')
     (tmp_path / 'train.json').write_text(json.dumps({'001.Albatross/a.jpg': 0,
                                                      '200.Wren/b.jpg': 199}))
     ds = FGVC(str(tmp_path), 'cub', 'train')
