@@ -47,8 +47,8 @@ def _datasets(cfg, mode: str):
         loader = cfg.get(loader_key)
         if not loader:
             continue
-        if loader_key == 'val_dataloader' and not cfg.get('val_cfg'):
-            continue
+        if loader_key == 'val_dataloader' and cfg.get('val_cfg') is None:
+            continue  # no validation; val_cfg=dict() is mmengine's default ValLoop
         dataset = loader.get('dataset', {})
         stack = [(loader_key + '.dataset', dataset)]
         while stack:  # wrappers (RepeatDataset, ConcatDataset) nest datasets

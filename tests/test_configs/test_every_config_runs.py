@@ -144,6 +144,8 @@ def shrink_detector(cfg, data):
     for head in model.roi_head.bbox_head:
         head.update(in_channels=64, fc_out_channels=128)
     model.roi_head.mask_head.update(in_channels=64, conv_out_channels=64)
+    model.test_cfg.rpn.update(nms_pre=300, max_per_img=100)  # as the demo
+    model.test_cfg.rcnn.max_per_img = 20
     for loader, split in zip(_loaders(cfg), ('train', 'val', 'val')):
         loader.dataset.update(data_root=data['coco'] + '/',
                               ann_file=f'annotations/{split}.json',
@@ -156,7 +158,8 @@ def shrink_detector(cfg, data):
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_config_trains_one_iteration_and_validates(generated, tmp_path, path):
-    cfg = load_config(path, work_dir=str(tmp_path))
+    # yapf formatting of the logged and dumped config would take most of the time
+    cfg = load_config(path, work_dir=str(tmp_path), format_python_code=False)
     if 'VisionTransformer' in cfg.model.backbone.type:
         shrink_classifier(cfg, generated)
         metric = 'val/accuracy/top1'

@@ -69,3 +69,20 @@ def test_preflight_uses_the_dataset_class_from_the_registry(tmp_path):
     cfg.train_dataloader.dataset.task = 'svhn'
     with pytest.raises(FileNotFoundError, match='task folder not found'):
         check_config(cfg)
+
+
+def test_preflight_reads_fgvc_dataset_name_as_an_argument(tmp_path):
+    """FGVC's ``dataset='cub'`` is an argument, not a wrapped data set."""
+    from moppa_mm.utils.launch import load_config
+    from moppa_mm.utils.preflight import check_config
+    from tests.conftest import REPO
+    cfg = load_config(f'{REPO}/configs/fgvc/moppa_vit-b-p16_in21k-pre_fgvc-cub.py')
+    cfg.model.backbone.init_cfg.checkpoint = None
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[key].dataset.data_root = str(tmp_path)
+    (tmp_path / 'train.json').write_text('{}')
+    with pytest.raises(FileNotFoundError, match=r'FGVC split file not found: '
+                                                r"'.*/val.json'"):
+        check_config(cfg, mode='train')
+    with pytest.raises(FileNotFoundError, match=r"'.*/test.json'"):
+        check_config(cfg, mode='test')

@@ -41,7 +41,8 @@ def test_zero_std_stops_at_iteration_1_and_saves_nothing(kitti, tmp_path):
     runner = Runner.from_cfg(cfg)
     with pytest.raises(FloatingPointError,
                        match=r'non-finite loss at iteration 1 \(epoch 1\): '
-                             r'loss=nan; finite terms: loss_route=-?[\d.]+\. Training stopped'):
+                             r'loss=nan; finite terms: loss_route=-?[\d.]+\. '
+                             r'Training stopped'):
         runner.train()
     assert glob.glob(osp.join(str(tmp_path), '**', '*.pth'), recursive=True) == []
 
