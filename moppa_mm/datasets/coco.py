@@ -14,6 +14,8 @@ from typing import List
 from mmdet.datasets import CocoDataset
 from mmdet.registry import DATASETS
 
+from .image_files import check_image_file
+
 
 @DATASETS.register_module()
 class CheckedCocoDataset(CocoDataset):
@@ -24,8 +26,9 @@ class CheckedCocoDataset(CocoDataset):
     a test-dev file without annotations is fine for ``test_mode``), has an
     annotation whose ``category_id`` is not in its ``categories`` (the image
     and annotation ids are named), every box is degenerate (width or height
-    <= 0), or no image is left after mmdet's filtering. Warns with a count when
-    only some boxes are degenerate (mmdet skips those).
+    <= 0), or no image is left after mmdet's filtering; raises naming the image
+    id when an image file is missing or empty. Warns with a count when only
+    some boxes are degenerate (mmdet skips those).
     """
 
     def load_data_list(self) -> List[dict]:
@@ -54,7 +57,9 @@ class CheckedCocoDataset(CocoDataset):
             _, _, width, height = ann['bbox']
             if width <= 0 or height <= 0:
                 self._degenerate.append((img_id, ann.get('id')))
-        return super().parse_data_info(raw_data_info)
+        data_info = super().parse_data_info(raw_data_info)
+        check_image_file(data_info['img_path'], f'{self.ann_file}, image id {img_id}')
+        return data_info
 
     def _check_annotations(self, data_list: List[dict]) -> None:
         where = self.ann_file

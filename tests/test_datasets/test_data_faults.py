@@ -168,6 +168,20 @@ def test_coco_degenerate_boxes_warn_with_a_count_or_stop_when_all(coco):
         load_coco(root, annotations)
 
 
+def test_coco_empty_or_missing_image_names_the_image_id(coco):
+    root, annotations = coco
+    image = annotations['images'][1]
+    (root / 'train' / image['file_name']).write_bytes(b'')
+    with pytest.raises(ValueError, match=rf"train.json, image id {image['id']}: image "
+                                         rf"file is empty \(0 bytes\): "
+                                         rf"'.*train/{image['file_name']}'"):
+        load_coco(root, annotations)
+    (root / 'train' / image['file_name']).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"image id {image['id']}: image not "
+                                                rf'found'):
+        load_coco(root, annotations)
+
+
 def test_coco_nothing_left_after_filtering_is_named(coco):
     root, annotations = coco
     annotations['categories'].append(dict(id=4, name='hexagon'))
