@@ -52,3 +52,33 @@ def test_finite_losses_train_and_checkpoint(kitti, tmp_path):
     runner.train()
     assert runner.iter == 2
     assert osp.isfile(osp.join(str(tmp_path), 'iter_2.pth'))
+
+
+def _check_on_rank(rank, init_file, results):
+    import torch.distributed as dist
+
+    from moppa_mm.engine.hooks import NonFiniteLossHook
+
+    class IterationOnly:  # the two fields the hook reads from the Runner
+        iter, epoch = 4, 0
+
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
+                            world_size=2)
+    loss = float('nan') if rank == 0 else 0.5
+    try:
+        NonFiniteLossHook().after_train_iter(
+            IterationOnly(), 0, outputs={'loss': torch.tensor(loss)})
+        results[rank] = 'trained on'
+    except FloatingPointError as error:
+        results[rank] = str(error)
+    dist.destroy_process_group()
+
+
+def test_every_rank_stops_when_one_rank_sees_a_nan(tmp_path):
+    """Otherwise the other ranks would wait forever in their next all-reduce."""
+    import torch.multiprocessing as mp
+    results = mp.Manager().dict()
+    mp.start_processes(_check_on_rank, args=(str(tmp_path / 'init'), results),
+                       nprocs=2, start_method='fork')  # no re-import: seconds
+    assert results[0].startswith('non-finite loss at iteration 5 (epoch 1): loss=nan')
+    assert results[1].startswith('non-finite loss on another rank at iteration 5')

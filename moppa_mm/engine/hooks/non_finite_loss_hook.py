@@ -3,6 +3,7 @@ import math
 from typing import Dict, Optional
 
 import torch
+from mmengine.dist import all_reduce
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
@@ -26,22 +27,28 @@ class NonFiniteLossHook(Hook):
     priority above ``CheckpointHook`` and ``AdapterCheckpointHook``, so the
     failing iteration's weights are never saved.
 
-    Under distributed training each rank checks its own losses; the rank that
-    sees a non-finite loss raises, which ends the job.
+    Under distributed training the ranks agree through one ``all_reduce`` of a
+    flag per iteration, so every rank stops at the same iteration (a rank that
+    stopped alone would leave the others waiting in their next gradient
+    all-reduce).
     """
 
     priority = 'ABOVE_NORMAL'
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs: Optional[Dict] = None) -> None:
-        if not outputs:
-            return
-        values = {name: _as_float(value) for name, value in outputs.items()
+        values = {name: _as_float(value) for name, value in (outputs or {}).items()
                   if 'loss' in name}
         bad = {name: value for name, value in values.items()
                if not math.isfinite(value)}
-        if not bad:
+        ranks_with_bad_loss = torch.tensor([float(bool(bad))])
+        all_reduce(ranks_with_bad_loss)  # sum over ranks; no-op in one process
+        if ranks_with_bad_loss.item() == 0:
             return
+        if not bad:
+            raise FloatingPointError(
+                f'non-finite loss on another rank at iteration {runner.iter + 1} '
+                f'(epoch {runner.epoch + 1}); that rank names the loss terms')
         terms = ', '.join(f'{name}={value}' for name, value in bad.items())
         finite = ', '.join(f'{name}={value:.4g}' for name, value in values.items()
                            if name not in bad) or 'none'
