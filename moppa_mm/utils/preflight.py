@@ -66,12 +66,27 @@ def _datasets(cfg, mode: str):
                 yield where, ds
 
 
+def _evaluator_ann_files(cfg, mode: str) -> Iterator[Tuple[str, str]]:
+    """The ``ann_file`` of each evaluator (CocoMetric reads its own copy)."""
+    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
+    if mode == 'train' and (not cfg.get('val_dataloader')
+                            or cfg.get('val_cfg') is None):
+        return
+    evaluators = cfg.get(key) or []
+    for i, evaluator in enumerate(
+            evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]):
+        where = f'{key}[{i}]' if isinstance(evaluators, (list, tuple)) else key
+        if isinstance(evaluator, dict) and evaluator.get('ann_file'):
+            yield f'{where}.ann_file', evaluator['ann_file']
+
+
 def check_config(cfg, mode: str = 'train') -> None:
     """Raise ``FileNotFoundError`` naming the first missing local input.
 
     Checks local pre-trained checkpoints (``init_cfg`` of type Pretrained),
-    ``load_from``, and each dataset's ``data_root`` and ``ann_file`` (and the
-    data-list file of mmpretrain datasets) for ``mode`` 'train' or 'test'.
+    ``load_from``, each dataset's ``data_root`` and ``ann_file`` (and the
+    data-list file of mmpretrain datasets), and the evaluators' ``ann_file``,
+    for ``mode`` 'train' or 'test'.
     Remote paths (URLs) are left to the loaders.
     """
     if mode not in SPLITS:
@@ -98,3 +113,6 @@ def check_config(cfg, mode: str = 'train') -> None:
             if not osp.isfile(path):
                 raise FileNotFoundError(
                     f'annotation file not found: {where}.ann_file = {path!r}')
+    for where, path in _evaluator_ann_files(cfg, mode):
+        if not _is_remote(path) and not osp.isfile(path):
+            raise FileNotFoundError(f'annotation file not found: {where} = {path!r}')

@@ -190,3 +190,19 @@ def test_coco_nothing_left_after_filtering_is_named(coco):
     with pytest.raises(ValueError, match=r'train.json: none of its \d+ images is '
                                          r'left after filtering'):
         load_coco(root, annotations)
+
+
+def test_preflight_names_a_missing_evaluator_annotation_file(tmp_path):
+    from mmengine.config import Config
+
+    from moppa_mm.utils.preflight import check_config
+    missing = str(tmp_path / 'instances_val2017.json')
+    cfg = Config(dict(val_dataloader=dict(dataset=dict(type='CocoDataset')),
+                      val_cfg=dict(), val_evaluator=dict(type='CocoMetric',
+                                                         ann_file=missing),
+                      test_evaluator=[dict(type='CocoMetric', ann_file=missing)]))
+    with pytest.raises(FileNotFoundError, match=r'annotation file not found: '
+                                                r"val_evaluator.ann_file = '.*val2017"):
+        check_config(cfg, mode='train')
+    with pytest.raises(FileNotFoundError, match=r'test_evaluator\[0\].ann_file'):
+        check_config(cfg, mode='test')
