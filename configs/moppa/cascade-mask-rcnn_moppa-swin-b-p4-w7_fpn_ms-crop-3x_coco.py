@@ -14,10 +14,17 @@ model = dict(
         adapter_ratio=7.25,
         freeze_pretrained=True))
 
+# mmdet's CocoDataset that also refuses a broken annotation file (truncated JSON,
+# no image, unknown category ids, only degenerate boxes) when it is loaded
+train_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
+val_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
+test_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
+
 custom_hooks = [
     dict(type='PEFTFreezeHook'),  # audits the frozen set, prints the table
     dict(type='RouteRegularizationHook', loss_weight=1.0),
     dict(type='AdapterCheckpointHook'),  # checkpoints hold adapters + heads only
     dict(type='RNGStateHook'),  # an interrupted run resumes to the same result
     dict(type='PlainCheckpointHook'),  # checkpoints load with weights_only=True
+    dict(type='NonFiniteLossHook'),  # stops at a NaN/inf loss, before saving
 ]

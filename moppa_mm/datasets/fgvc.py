@@ -7,6 +7,8 @@ from typing import List, Optional
 from mmpretrain.datasets import BaseDataset
 from mmpretrain.registry import DATASETS
 
+from .image_files import check_image_file
+
 # name -> (classes, image folder that the json paths are relative to, as VPT)
 FGVC_DATASETS = OrderedDict([
     ('cub', (200, 'images')),
@@ -54,17 +56,34 @@ class FGVC(BaseDataset):
                          metainfo=metainfo, **kwargs)
 
     def load_data_list(self) -> List[dict]:
+        """Read ``{image path: class id}``; invalid JSON (named with its line
+        and column), a non-mapping, a non-integer or out-of-range label, a
+        missing or empty image, or an empty split raise naming the file."""
         with open(self.split_file) as f:
-            mapping = json.load(f)
+            try:
+                mapping = json.load(f)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f'{self.split_file}:{error.lineno}:{error.colno}: not valid '
+                    f'JSON ({error.msg}); the file may be truncated') from None
+        if not isinstance(mapping, dict):
+            raise ValueError(f'{self.split_file}: expected a JSON object '
+                             f'{{"image path": class id}}, got a '
+                             f'{type(mapping).__name__}')
+        if not mapping:
+            raise ValueError(f'{self.split_file}: the split lists no image')
         num_classes = len(self.metainfo['classes'])
         data_list = []
         for path, label in mapping.items():
-            if not 0 <= int(label) < num_classes:
-                raise ValueError(f'{self.split_file}: label {label} of {path!r} is '
-                                 f'outside [0, {num_classes})')
-            data_list.append(dict(
-                img_path=osp.join(self.data_root, self.image_prefix, path),
-                gt_label=int(label)))
+            where = f'{self.split_file}, image {path!r}'
+            if isinstance(label, bool) or not isinstance(label, int):
+                raise ValueError(f'{where}: label {label!r} is not an integer')
+            if not 0 <= label < num_classes:
+                raise ValueError(f'{where}: label {label} is outside '
+                                 f'[0, {num_classes})')
+            img_path = osp.join(self.data_root, self.image_prefix, path)
+            check_image_file(img_path, where)
+            data_list.append(dict(img_path=img_path, gt_label=label))
         return data_list
 
     @staticmethod

@@ -5,10 +5,12 @@
 """
 import os.path as osp
 from collections import OrderedDict
-from typing import Optional
+from typing import List, Optional
 
 from mmpretrain.datasets import CustomDataset
 from mmpretrain.registry import DATASETS
+
+from .image_files import check_image_file
 
 # task -> number of classes, in the paper's table order, with the three groups
 VTAB_GROUPS = OrderedDict([
@@ -67,6 +69,38 @@ class VTAB1k(CustomDataset):
         super().__init__(data_root=osp.join(data_root, task),
                          ann_file=f'{split}.txt', data_prefix='', with_label=True,
                          metainfo=metainfo, **kwargs)
+
+    def load_data_list(self) -> List[dict]:
+        """Parse ``<image path> <label>`` lines; any malformed line, label
+        outside ``[0, num_classes)``, missing or empty image, or an empty split
+        raises ``ValueError`` / ``FileNotFoundError`` naming ``file:line``."""
+        num_classes = len(self.metainfo['classes'])
+        data_list = []
+        with open(self.ann_file) as f:
+            for line_number, line in enumerate(f, start=1):
+                where = f'{self.ann_file}:{line_number}'
+                tokens = line.split()
+                if not tokens:
+                    continue  # blank lines (a trailing newline) carry nothing
+                if len(tokens) != 2:
+                    raise ValueError(f'{where}: expected "<image path> <label>", '
+                                     f'got {line.rstrip()!r}')
+                filename, label = tokens
+                try:
+                    gt_label = int(label)
+                except ValueError:
+                    raise ValueError(f'{where}: label {label!r} is not an '
+                                     f'integer') from None
+                if not 0 <= gt_label < num_classes:
+                    raise ValueError(
+                        f'{where}: label {gt_label} is outside [0, {num_classes}) '
+                        f'for VTAB-1K task {self.task!r}')
+                img_path = osp.join(self.img_prefix, filename)
+                check_image_file(img_path, where)
+                data_list.append(dict(img_path=img_path, gt_label=gt_label))
+        if not data_list:
+            raise ValueError(f'{self.ann_file}: the split lists no image')
+        return data_list
 
     @staticmethod
     def preflight(cfg: dict) -> None:

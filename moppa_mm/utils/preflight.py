@@ -47,18 +47,37 @@ def _datasets(cfg, mode: str):
         loader = cfg.get(loader_key)
         if not loader:
             continue
-        if loader_key == 'val_dataloader' and not cfg.get('val_cfg'):
-            continue
+        if loader_key == 'val_dataloader' and cfg.get('val_cfg') is None:
+            continue  # no validation; val_cfg=dict() is mmengine's default ValLoop
         dataset = loader.get('dataset', {})
         stack = [(loader_key + '.dataset', dataset)]
         while stack:  # wrappers (RepeatDataset, ConcatDataset) nest datasets
             where, ds = stack.pop()
-            if 'dataset' in ds:
-                stack.append((where + '.dataset', ds['dataset']))
-            for i, inner in enumerate(ds.get('datasets', [])):
-                stack.append((f'{where}.datasets[{i}]', inner))
-            if 'dataset' not in ds and 'datasets' not in ds:
+            # a wrapper holds dataset configs; a plain dataset may have a
+            # ``dataset`` argument of its own (FGVC's dataset='cub')
+            inner = ds.get('dataset')
+            inners = ds.get('datasets')
+            if isinstance(inner, dict):
+                stack.append((where + '.dataset', inner))
+            if isinstance(inners, (list, tuple)):
+                for i, each in enumerate(inners):
+                    stack.append((f'{where}.datasets[{i}]', each))
+            if not isinstance(inner, dict) and not isinstance(inners, (list, tuple)):
                 yield where, ds
+
+
+def _evaluator_ann_files(cfg, mode: str) -> Iterator[Tuple[str, str]]:
+    """The ``ann_file`` of each evaluator (CocoMetric reads its own copy)."""
+    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
+    if mode == 'train' and (not cfg.get('val_dataloader')
+                            or cfg.get('val_cfg') is None):
+        return
+    evaluators = cfg.get(key) or []
+    for i, evaluator in enumerate(
+            evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]):
+        where = f'{key}[{i}]' if isinstance(evaluators, (list, tuple)) else key
+        if isinstance(evaluator, dict) and evaluator.get('ann_file'):
+            yield f'{where}.ann_file', evaluator['ann_file']
 
 
 def check_config(cfg, mode: str = 'train') -> None:
@@ -68,7 +87,8 @@ def check_config(cfg, mode: str = 'train') -> None:
     Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
     ``load_from`` as every loader will (``weights_only=True``, storage mapped,
     not read), and checks each dataset's ``data_root`` and ``ann_file`` (and the
-    data-list file of mmpretrain datasets) for ``mode`` 'train' or 'test'.
+    data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
+    ``mode`` 'train' or 'test'.
     Remote paths (URLs) are left to the loaders.
     """
     if mode not in SPLITS:
@@ -95,3 +115,6 @@ def check_config(cfg, mode: str = 'train') -> None:
             if not osp.isfile(path):
                 raise FileNotFoundError(
                     f'annotation file not found: {where}.ann_file = {path!r}')
+    for where, path in _evaluator_ann_files(cfg, mode):
+        if not _is_remote(path) and not osp.isfile(path):
+            raise FileNotFoundError(f'annotation file not found: {where} = {path!r}')

@@ -14,6 +14,8 @@ def test_the_19_tasks_and_their_groups():
 
 def make_task(root, task, lines):
     os.makedirs(root / task / 'images' / 'train', exist_ok=True)
+    for line in lines:  # the data set checks that each listed image is there
+        (root / task / line.split()[0]).write_bytes(b'jpeg')
     (root / task / 'train800val200.txt').write_text('\n'.join(lines) + '\n')
 
 
@@ -39,6 +41,9 @@ def test_bad_tasks_and_splits(tmp_path):
 
 
 def test_fgvc_json_splits(tmp_path):
+    for name in ('001.Albatross/a.jpg', '200.Wren/b.jpg'):
+        os.makedirs(tmp_path / 'images' / os.path.dirname(name), exist_ok=True)
+        (tmp_path / 'images' / name).write_bytes(b'jpeg')
     (tmp_path / 'train.json').write_text(json.dumps({'001.Albatross/a.jpg': 0,
                                                      '200.Wren/b.jpg': 199}))
     ds = FGVC(str(tmp_path), 'cub', 'train')
@@ -64,3 +69,20 @@ def test_preflight_uses_the_dataset_class_from_the_registry(tmp_path):
     cfg.train_dataloader.dataset.task = 'svhn'
     with pytest.raises(FileNotFoundError, match='task folder not found'):
         check_config(cfg)
+
+
+def test_preflight_reads_fgvc_dataset_name_as_an_argument(tmp_path):
+    """FGVC's ``dataset='cub'`` is an argument, not a wrapped data set."""
+    from moppa_mm.utils.launch import load_config
+    from moppa_mm.utils.preflight import check_config
+    from tests.conftest import REPO
+    cfg = load_config(f'{REPO}/configs/fgvc/moppa_vit-b-p16_in21k-pre_fgvc-cub.py')
+    cfg.model.backbone.init_cfg.checkpoint = None
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[key].dataset.data_root = str(tmp_path)
+    (tmp_path / 'train.json').write_text('{}')
+    with pytest.raises(FileNotFoundError, match=r'FGVC split file not found: '
+                                                r"'.*/val.json'"):
+        check_config(cfg, mode='train')
+    with pytest.raises(FileNotFoundError, match=r"'.*/test.json'"):
+        check_config(cfg, mode='test')

@@ -86,4 +86,5 @@ custom_hooks = [
     dict(type='AdapterCheckpointHook'),  # ~1 MB per task instead of ~330 MB
     dict(type='RNGStateHook'),
     dict(type='PlainCheckpointHook'),  # checkpoints load with weights_only=True
+    dict(type='NonFiniteLossHook'),  # stops at a NaN/inf loss, before saving
 ]

@@ -1,8 +1,9 @@
 from .adapter_checkpoint_hook import AdapterCheckpointHook
+from .non_finite_loss_hook import NonFiniteLossHook
 from .peft_freeze_hook import PEFTFreezeHook
 from .plain_checkpoint_hook import PlainCheckpointHook
 from .rng_state_hook import RNGStateHook
 from .route_regularization_hook import RouteRegularizationHook
 
-__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'PlainCheckpointHook',
-           'RNGStateHook', 'RouteRegularizationHook']
+__all__ = ['AdapterCheckpointHook', 'NonFiniteLossHook', 'PEFTFreezeHook',
+           'PlainCheckpointHook', 'RNGStateHook', 'RouteRegularizationHook']

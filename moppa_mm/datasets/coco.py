@@ -1,0 +1,98 @@
+"""mmdet's COCO data set, with the faults of an annotation file named at load.
+
+mmdet's ``CocoDataset`` drops what it cannot use without a word: annotations
+of a category the file does not define, boxes of zero width or height. A file
+with no image or no annotation fails later with numpy's ``need at least one
+array to concatenate``, and a truncated file with a bare ``JSONDecodeError``.
+``CheckedCocoDataset`` parses the same way (it only subclasses) and, while the
+file is loaded, raises or warns naming the file and the image / annotation id.
+"""
+import json
+import warnings
+from typing import List
+
+from mmdet.datasets import CocoDataset
+from mmdet.registry import DATASETS
+
+from .image_files import check_image_file
+
+
+@DATASETS.register_module()
+class CheckedCocoDataset(CocoDataset):
+    """``CocoDataset`` that refuses a broken annotation file.
+
+    Raises ``ValueError`` naming ``ann_file`` when the file is not valid JSON
+    (with line and column), lists no image, has no annotation (training only;
+    a test-dev file without annotations is fine for ``test_mode``), has an
+    annotation whose ``category_id`` is not in its ``categories`` (the image
+    and annotation ids are named), every box is degenerate (width or height
+    <= 0), or no image is left after mmdet's filtering; raises naming the image
+    id when an image file is missing or empty. Warns with a count when only
+    some boxes are degenerate (mmdet skips those).
+    """
+
+    def load_data_list(self) -> List[dict]:
+        self._known_category_ids = None
+        self._num_annotations = 0
+        self._degenerate = []  # (image id, annotation id)
+        self._unknown_category = []  # (image id, annotation id, category id)
+        try:
+            data_list = super().load_data_list()
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f'{self.ann_file}:{error.lineno}:{error.colno}: not valid JSON '
+                f'({error.msg}); the file may be truncated') from None
+        self._check_annotations(data_list)
+        return data_list
+
+    def parse_data_info(self, raw_data_info: dict) -> dict:
+        if self._known_category_ids is None:
+            self._known_category_ids = set(self.coco.cats)
+        img_id = raw_data_info['raw_img_info']['img_id']
+        for ann in raw_data_info['raw_ann_info']:
+            self._num_annotations += 1
+            if ann.get('category_id') not in self._known_category_ids:
+                self._unknown_category.append(
+                    (img_id, ann.get('id'), ann.get('category_id')))
+            _, _, width, height = ann['bbox']
+            if width <= 0 or height <= 0:
+                self._degenerate.append((img_id, ann.get('id')))
+        data_info = super().parse_data_info(raw_data_info)
+        check_image_file(data_info['img_path'], f'{self.ann_file}, image id {img_id}')
+        return data_info
+
+    def _check_annotations(self, data_list: List[dict]) -> None:
+        where = self.ann_file
+        if not data_list:
+            raise ValueError(f'{where}: the annotation file lists no image')
+        if self._num_annotations == 0:
+            if not self.test_mode:
+                raise ValueError(f'{where}: the annotation file has no annotation '
+                                 f'for its {len(data_list)} images')
+            warnings.warn(f'{where}: no annotation for its {len(data_list)} '
+                          'images; evaluation against this file will fail')
+        if self._unknown_category:
+            img_id, ann_id, category_id = self._unknown_category[0]
+            raise ValueError(
+                f'{where}: {len(self._unknown_category)} annotation(s) have a '
+                f'category_id not in the file\'s categories '
+                f'{sorted(self._known_category_ids)}; the first: image id '
+                f'{img_id}, annotation id {ann_id}, category_id {category_id}')
+        if self._degenerate:
+            img_id, ann_id = self._degenerate[0]
+            message = (f'{where}: {len(self._degenerate)} of '
+                       f'{self._num_annotations} boxes have width or height <= 0 '
+                       f'(the first: image id {img_id}, annotation id {ann_id})')
+            if len(self._degenerate) == self._num_annotations:
+                raise ValueError(message + '; every box is degenerate, so nothing '
+                                 'would be learned')
+            warnings.warn(message + '; mmdet skips them')
+
+    def filter_data(self) -> List[dict]:
+        valid = super().filter_data()
+        if self.data_list and not valid:
+            raise ValueError(
+                f'{self.ann_file}: none of its {len(self.data_list)} images is '
+                f'left after filtering ({self.filter_cfg}): no image has a usable '
+                f'annotation of the classes {self.metainfo["classes"]}')
+        return valid

@@ -1,0 +1,60 @@
+"""Stops training at the first non-finite loss, before anything is saved."""
+import math
+from typing import Dict, Optional
+
+import torch
+from mmengine.dist import all_reduce
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+
+def _as_float(value) -> float:
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().sum().item()
+    return float(value)
+
+
+@HOOKS.register_module()
+class NonFiniteLossHook(Hook):
+    """Raise ``FloatingPointError`` at the first iteration whose loss is NaN or
+    infinite, naming the iteration and every non-finite loss term.
+
+    mmengine trains on through NaN losses (and the optimizer step then writes
+    NaN into every trainable weight); mmdet's ``CheckInvalidLossHook`` is
+    mmdet-only, checks every ``interval`` iterations and names nothing. This
+    hook checks each iteration's log variables (the parsed loss dict the model's
+    ``train_step`` returns: ``loss`` and every ``loss_*`` term) and runs with a
+    priority above ``CheckpointHook`` and ``AdapterCheckpointHook``, so the
+    failing iteration's weights are never saved.
+
+    Under distributed training the ranks agree through one ``all_reduce`` of a
+    flag per iteration, so every rank stops at the same iteration (a rank that
+    stopped alone would leave the others waiting in their next gradient
+    all-reduce).
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs: Optional[Dict] = None) -> None:
+        values = {name: _as_float(value) for name, value in (outputs or {}).items()
+                  if 'loss' in name}
+        bad = {name: value for name, value in values.items()
+               if not math.isfinite(value)}
+        ranks_with_bad_loss = torch.tensor([float(bool(bad))])
+        all_reduce(ranks_with_bad_loss)  # sum over ranks; no-op in one process
+        if ranks_with_bad_loss.item() == 0:
+            return
+        if not bad:
+            raise FloatingPointError(
+                f'non-finite loss on another rank at iteration {runner.iter + 1} '
+                f'(epoch {runner.epoch + 1}); that rank names the loss terms')
+        terms = ', '.join(f'{name}={value}' for name, value in bad.items())
+        finite = ', '.join(f'{name}={value:.4g}' for name, value in values.items()
+                           if name not in bad) or 'none'
+        raise FloatingPointError(
+            f'non-finite loss at iteration {runner.iter + 1} (epoch '
+            f'{runner.epoch + 1}): {terms}; finite terms: {finite}. Training '
+            f'stopped before this iteration could be checkpointed. Check the '
+            f'data preprocessor (std must be non-zero), the learning rate and '
+            f'the input data.')

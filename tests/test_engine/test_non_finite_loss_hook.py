@@ -1,0 +1,84 @@
+"""A non-finite loss stops training at once, naming the iteration and the loss
+terms, and no checkpoint with NaN weights is written."""
+import glob
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+from mmengine.config import ConfigDict
+from mmengine.runner import Runner
+from mmpretrain.models.backbones import VisionTransformer
+
+from moppa_mm.models.converters import save_backbone
+from tests.test_tools.test_vtab_pipeline import ARCH, make_vtab, tiny_vtab_cfg
+
+
+@pytest.fixture(scope='module')
+def kitti(tmp_path_factory):
+    root = tmp_path_factory.mktemp('vtab-1k')
+    make_vtab(str(root), 'kitti', np.random.default_rng(0),
+              per_split=dict(train800val200=16, test=4))
+    torch.manual_seed(0)
+    vit = VisionTransformer(arch=ARCH, img_size=32, patch_size=8)
+    vit.init_weights()
+    return str(root), save_backbone(vit.state_dict(), str(root / 'vit.pth'), 'test')
+
+
+def kitti_cfg(kitti, work_dir):
+    """The real VTAB-1K config (with its custom hooks) on 16 images: two
+    iterations of 8, a checkpoint after every iteration."""
+    cfg = tiny_vtab_cfg(*kitti, 'kitti', str(work_dir))
+    cfg.train_cfg = ConfigDict(by_epoch=True, max_epochs=1, val_interval=1)
+    cfg.default_hooks.checkpoint = ConfigDict(type='CheckpointHook', by_epoch=False,
+                                              interval=1)
+    return cfg
+
+
+def test_zero_std_stops_at_iteration_1_and_saves_nothing(kitti, tmp_path):
+    cfg = kitti_cfg(kitti, tmp_path)
+    cfg.data_preprocessor.std = [0, 0, 0]  # inputs / 0: inf, then NaN losses
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(FloatingPointError,
+                       match=r'non-finite loss at iteration 1 \(epoch 1\): '
+                             r'loss=nan; finite terms: loss_route=-?[\d.]+\. '
+                             r'Training stopped'):
+        runner.train()
+    assert glob.glob(osp.join(str(tmp_path), '**', '*.pth'), recursive=True) == []
+
+
+def test_finite_losses_train_and_checkpoint(kitti, tmp_path):
+    runner = Runner.from_cfg(kitti_cfg(kitti, tmp_path))
+    runner.train()
+    assert runner.iter == 2
+    assert osp.isfile(osp.join(str(tmp_path), 'iter_2.pth'))
+
+
+def _check_on_rank(rank, init_file, results):
+    import torch.distributed as dist
+
+    from moppa_mm.engine.hooks import NonFiniteLossHook
+
+    class IterationOnly:  # the two fields the hook reads from the Runner
+        iter, epoch = 4, 0
+
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
+                            world_size=2)
+    loss = float('nan') if rank == 0 else 0.5
+    try:
+        NonFiniteLossHook().after_train_iter(
+            IterationOnly(), 0, outputs={'loss': torch.tensor(loss)})
+        results[rank] = 'trained on'
+    except FloatingPointError as error:
+        results[rank] = str(error)
+    dist.destroy_process_group()
+
+
+def test_every_rank_stops_when_one_rank_sees_a_nan(tmp_path):
+    """Otherwise the other ranks would wait forever in their next all-reduce."""
+    import torch.multiprocessing as mp
+    results = mp.Manager().dict()
+    mp.start_processes(_check_on_rank, args=(str(tmp_path / 'init'), results),
+                       nprocs=2, start_method='fork')  # no re-import: seconds
+    assert results[0].startswith('non-finite loss at iteration 5 (epoch 1): loss=nan')
+    assert results[1].startswith('non-finite loss on another rank at iteration 5')
