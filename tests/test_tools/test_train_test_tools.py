@@ -108,6 +108,21 @@ def test_test_tool_reproduces_training_ap(trained, tmp_path, tool):
     assert same_metrics(logged_test_metrics(str(tmp_path)), val_metrics(trained['work']))
 
 
+def test_test_tool_takes_mmdets_flags(trained, tmp_path):
+    """tools/test.py runs mmdet's own tool: --show-dir paints the predictions."""
+    ckpt = osp.join(trained['work'], 'iter_4.pth')
+    result = run([PYTHON, 'tools/test.py', trained['config'], ckpt, '--work-dir',
+                  str(tmp_path), '--show-dir', 'painted', '--out',
+                  str(tmp_path / 'preds.pkl')])
+    assert result.returncode == 0, result.stderr[-3000:]
+    painted = glob.glob(osp.join(str(tmp_path), '*', 'painted', '*.jpg'))
+    assert len(painted) == 2  # the two validation images
+    assert osp.getsize(tmp_path / 'preds.pkl') > 0
+    help_text = run([PYTHON, 'tools/test.py', trained['config'], '--help']).stdout
+    for flag in ('--show-dir', '--tta', '--wait-time', '--out'):
+        assert flag in help_text
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config, ConfigDict
+from mmengine.fileio import load
 from mmengine.runner import Runner
 from mmpretrain.models.backbones import VisionTransformer
 
@@ -110,6 +111,15 @@ def test_train_then_mmpretrain_test_tool_reproduces_accuracy(vtab_root, tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     collected = vtab_table.collect(work_root)
     assert collected == {task: pytest.approx(trained_top1)}
+    if task == TASKS[-1]:  # our tools/test.py runs mmpretrain's: its flags work
+        result = subprocess.run(
+            [PYTHON, 'tools/test.py', config, ckpt_path, '--tta', '--out-item',
+             'metrics', '--out', osp.join(work_dir, 'tta.pkl'), '--work-dir',
+             osp.join(work_dir, 'tta')],
+            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "type='mmpretrain.AverageClsScoreTTA'" in result.stdout + result.stderr
+        assert 'accuracy/top1' in load(osp.join(work_dir, 'tta.pkl'))
 
 
 def test_results_tool_reproduces_the_papers_means():
