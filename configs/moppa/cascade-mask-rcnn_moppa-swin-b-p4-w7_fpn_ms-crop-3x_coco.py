@@ -14,6 +14,9 @@ model = dict(
         adapter_ratio=7.25,
         freeze_pretrained=True))
 
+# the optimizer holds what trains; no log line per frozen parameter
+optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')
+
 custom_hooks = [
     dict(type='PEFTFreezeHook'),  # audits the frozen set, prints the table
     dict(type='RouteRegularizationHook', loss_weight=1.0),
