@@ -5,6 +5,7 @@ import os.path as osp
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -129,11 +130,31 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _without_activated_venv():
+    env = child_env()
+    env.pop('PYTHON', None)
+    env.pop('VIRTUAL_ENV', None)
+    env['PATH'] = '/usr/bin:/bin'
+    return env
+
+
+def test_dist_scripts_name_the_interpreter_they_lack(tmp_path):
+    env = _without_activated_venv()
+    env['VENV'] = str(tmp_path / 'no-venv')
+    for script, args in (('dist_train.sh', ['cfg.py', '2']),
+                         ('dist_test.sh', ['cfg.py', 'ckpt.pth', '2']),
+                         ('slurm_train.sh', ['partition', 'job', 'cfg.py', 'work'])):
+        result = subprocess.run(['bash', f'tools/{script}', *args], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, (script, result.stderr)
+        assert 'cannot import torch' in result.stderr and 'PYTHON=' in result.stderr
+
+
 def test_dist_train_two_cpu_processes(shapes_data, tmp_path):
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=2)
     config = dump_cfg(cfg, tmp_path / 'tiny.py')
-    env = child_env()
-    env.update(PYTHON=PYTHON, PORT=str(_free_port()))
+    env = _without_activated_venv()
+    env.update(VENV=sys.prefix, PORT=str(_free_port()))  # the script finds python
     result = subprocess.run(
         ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(tmp_path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
