@@ -76,7 +76,10 @@ setup(
         'numpy',
         'scipy',
     ],
-    extras_require={'tests': ['pytest>=7', 'scipy>=1.10']},
+    extras_require={
+        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard'],
+        'vis': ['tensorboard'],  # TensorboardVisBackend (route weights, losses)
+    },
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     zip_safe=False,
 )
