@@ -5,8 +5,6 @@ import os
 import os.path as osp
 import subprocess
 
-import cv2
-import numpy as np
 import pytest
 import torch
 from mmengine.config import Config, ConfigDict
@@ -15,6 +13,7 @@ from mmengine.runner import Runner
 from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.datasets import VTAB_GROUPS, VTAB_TASKS
+from moppa_mm.demo_cls import make_vtab_task
 from moppa_mm.evaluation import vtab_table
 from moppa_mm.models.converters import save_backbone
 from tests.conftest import PYTHON, REPO, child_env
@@ -25,28 +24,11 @@ TASKS = ('eurosat', 'kitti')
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 
 
-def make_vtab(root, task, rng, per_split=dict(train800val200=24, test=12)):
-    classes = VTAB_TASKS[task]
-    for split, count in per_split.items():
-        os.makedirs(osp.join(root, task, 'images', split), exist_ok=True)
-        lines = []
-        for i in range(count):
-            label = i % classes
-            img = rng.integers(0, 40, (32, 32, 3)).astype(np.uint8)
-            img[:, :, label % 3] += np.uint8(40 + 200 * label // classes)  # learnable
-            name = f'images/{split}/{i:06d}.jpg'
-            cv2.imwrite(osp.join(root, task, name), img)
-            lines.append(f'{name} {label}')
-        with open(osp.join(root, task, f'{split}.txt'), 'w') as f:
-            f.write('\n'.join(lines) + '\n')
-
-
 @pytest.fixture(scope='module')
 def vtab_root(tmp_path_factory):
     root = tmp_path_factory.mktemp('vtab-1k')
-    rng = np.random.default_rng(0)
-    for task in TASKS:
-        make_vtab(str(root), task, rng)
+    for seed, task in enumerate(TASKS):
+        make_vtab_task(str(root), task, dict(train800val200=24, test=12), seed=seed)
     torch.manual_seed(0)
     vit = VisionTransformer(arch=ARCH, img_size=32, patch_size=8)
     vit.init_weights()
