@@ -15,6 +15,7 @@ from .preflight import check_config
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
 TOOL_PACKAGES = ('mmdet', 'mmpretrain')
+CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')
 
 
 def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] = None,
@@ -72,7 +73,11 @@ class _CheckedRunnerFactory:
 
 
 def _config_path(argv: List[str]) -> Optional[str]:
-    """The first positional argument (the config), as both tools declare it."""
+    """The config argument: the first one naming a config file (so options may
+    come first, as the tools allow), else the first positional argument."""
+    for arg in argv:
+        if arg.endswith(CONFIG_SUFFIXES) and not arg.startswith('-') and '=' not in arg:
+            return arg
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument('config', nargs='?')
     known, _ = parser.parse_known_args(argv)

@@ -119,7 +119,8 @@ def test_test_tool_takes_mmdets_flags(trained, tmp_path):
     painted = glob.glob(osp.join(str(tmp_path), '*', 'painted', '*.jpg'))
     assert len(painted) == 2  # the two validation images
     assert osp.getsize(tmp_path / 'preds.pkl') > 0
-    help_text = run([PYTHON, 'tools/test.py', trained['config'], '--help']).stdout
+    help_text = run([PYTHON, 'tools/test.py', '--work-dir', str(tmp_path),
+                     trained['config'], '--help']).stdout  # options may come first
     for flag in ('--show-dir', '--tta', '--wait-time', '--out'):
         assert flag in help_text
 
