@@ -26,6 +26,9 @@ def test_route_weights_in_scalars_and_tensorboard(shapes_data, tmp_path):
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=2)
     cfg.visualizer.vis_backends = [ConfigDict(type='LocalVisBackend'),
                                    ConfigDict(type='TensorboardVisBackend')]
+    # a visualizer is a process-wide instance per name: mmdet's runtime names it
+    # 'visualizer', and an earlier Runner's would write into its own work_dir
+    cfg.visualizer.name = f'route-logging-{tmp_path.name}'
     runner = Runner.from_cfg(cfg)
     runner.train()
     units = runner.model.backbone.stages
