@@ -15,9 +15,11 @@ ROOT = osp.dirname(osp.abspath(__file__))
 MIM_ITEMS = ('configs', 'tools', 'model-index.yml')
 
 
-def add_mim_extension(mode: str) -> None:
-    """Expose configs/, tools/ and model-index.yml under moppa_mm/.mim (symlinks
-    for editable installs), where mmengine looks for ``moppa_mm::`` configs."""
+def add_mim_extension() -> None:
+    """Expose configs/, tools/ and model-index.yml under moppa_mm/.mim, where
+    mmengine and mim look for ``moppa_mm::`` configs, as relative symlinks into
+    the checkout: an editable install (and a checkout on PYTHONPATH) then sees
+    edits at once, and a wheel build copies the files they point to."""
     mim_root = osp.join(ROOT, 'moppa_mm', '.mim')
     os.makedirs(mim_root, exist_ok=True)
     for name in MIM_ITEMS:
@@ -25,34 +27,34 @@ def add_mim_extension(mode: str) -> None:
         if osp.islink(dst) or osp.isfile(dst):
             os.remove(dst)
         elif osp.isdir(dst):
-            shutil.rmtree(dst)
-        if mode == 'symlink':
-            os.symlink(osp.relpath(src, mim_root), dst)
-        elif osp.isdir(src):
-            shutil.copytree(src, dst)
-        else:
-            shutil.copyfile(src, dst)
+            shutil.rmtree(dst)  # copies left by older versions of this file
+        os.symlink(osp.relpath(src, mim_root), dst)
 
 
 class BuildPy(build_py):
 
     def run(self):
-        # PEP 660 editable installs run build_py with editable_mode=True
-        add_mim_extension('symlink' if getattr(self, 'editable_mode', False)
-                          else 'copy')
+        add_mim_extension()
         super().run()
 
 
 class Develop(develop):
 
     def run(self):
-        add_mim_extension('symlink')
+        add_mim_extension()
         super().run()
+
+
+def read_version() -> str:
+    scope = {}
+    with open(osp.join(ROOT, 'moppa_mm', 'version.py')) as f:
+        exec(f.read(), scope)
+    return scope['__version__']
 
 
 setup(
     name='moppa_mm',
-    version='0.1.0',
+    version=read_version(),
     description='MoPPA (Mixture of Physical Priors Adapter, CVPR 2025) for '
     'MMDetection and MMPretrain',
     long_description=open(osp.join(ROOT, 'README.md')).read()
@@ -74,7 +76,10 @@ setup(
         'numpy',
         'scipy',
     ],
-    extras_require={'tests': ['pytest>=7', 'scipy>=1.10']},
+    extras_require={
+        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard'],
+        'vis': ['tensorboard'],  # TensorboardVisBackend (route weights, losses)
+    },
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     zip_safe=False,
 )

@@ -11,7 +11,7 @@ GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-""}
 PY_ARGS=${@:5}
-PYTHON=${PYTHON:-python}
+source "$(dirname "$0")/find_python.sh"  # $PYTHON, else $VENV or .venv, else python
 
 PYTHONPATH="$(dirname "$0")/..":$PYTHONPATH \
 srun -p "${PARTITION}" \

@@ -20,6 +20,9 @@ train_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 val_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 test_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 
+# the optimizer holds what trains; no log line per frozen parameter
+optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')
+
 custom_hooks = [
     dict(type='PEFTFreezeHook'),  # audits the frozen set, prints the table
     dict(type='RouteRegularizationHook', loss_weight=1.0),

@@ -1,5 +1,6 @@
 from .hooks import (AdapterCheckpointHook, PEFTFreezeHook, RNGStateHook,
                     RouteRegularizationHook)
+from .optimizers import TrainableParamsOptimWrapperConstructor
 
 __all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RNGStateHook',
-           'RouteRegularizationHook']
+           'RouteRegularizationHook', 'TrainableParamsOptimWrapperConstructor']

@@ -1,13 +1,21 @@
-"""What tools/train.py and tools/test.py share: reading the config as
-mmdet's and mmpretrain's tools do, then checks and distributed set-up."""
+"""What tools/train.py and tools/test.py share: they run MMDetection's or
+MMPretrain's own tool (so every flag of those works), with our checks and CPU
+distributed set-up right before the Runner is built."""
+import argparse
+import importlib.util
 import os.path as osp
-from typing import Optional
+import sys
+from typing import List, Optional
 
 from mmengine.config import Config
 
-from .distributed import setup_distributed
+from .distributed import setup_distributed, shutdown_distributed
 from .malloc import keep_freed_memory
 from .preflight import check_config
+
+# default_scope of a config -> the package whose tools/{train,test}.py runs it
+TOOL_PACKAGES = ('mmdet', 'mmpretrain')
+CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')
 
 
 def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] = None,
@@ -31,14 +39,95 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     return cfg
 
 
-def build_runner(cfg: Config, mode: str):
+def prepare_run(cfg: Config, mode: str) -> None:
     """Fail fast on missing inputs, prepare CPU runs (distributed set-up, the
-    allocator), build the Runner."""
+    allocator). ``mode``: 'train' or 'test'."""
     import torch
-    from mmengine.registry import RUNNERS
-    from mmengine.runner import Runner
     check_config(cfg, mode=mode)
-    setup_distributed(cfg, cfg.launcher)
+    setup_distributed(cfg, cfg.get('launcher', 'none'))
     if not torch.cuda.is_available():
         keep_freed_memory()
+
+
+def build_runner(cfg: Config, mode: str):
+    """:func:`prepare_run`, then build the Runner as mmdet's tools do."""
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+    prepare_run(cfg, mode)
     return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+
+
+class _CheckedRunnerFactory:
+    """Stands in for ``Runner`` and ``RUNNERS`` in the namespace of the tool we
+    run (nowhere else): ``from_cfg`` / ``build`` call :func:`prepare_run` on the
+    final config, after the tool has applied its flags, then the original."""
+
+    def __init__(self, original, mode: str):
+        self._original = original
+        self._mode = mode
+
+    def from_cfg(self, cfg):
+        prepare_run(cfg, self._mode)
+        return self._original.from_cfg(cfg)
+
+    def build(self, cfg, *args, **kwargs):
+        prepare_run(cfg, self._mode)
+        return self._original.build(cfg, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._original, name)
+
+
+def _config_path(argv: List[str]) -> Optional[str]:
+    """The config argument: the first one naming a config file (so options may
+    come first, as the tools allow), else the first positional argument."""
+    for arg in argv:
+        if arg.endswith(CONFIG_SUFFIXES) and not arg.startswith('-') and '=' not in arg:
+            return arg
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument('config', nargs='?')
+    known, _ = parser.parse_known_args(argv)
+    return known.config
+
+
+def openmmlab_tool_path(scope: str, mode: str) -> str:
+    """``<site-packages>/<scope>/.mim/tools/{mode}.py`` of an installed package."""
+    if scope not in TOOL_PACKAGES:
+        raise ValueError(f'no tool for default_scope={scope!r}; moppa_mm runs '
+                         f'the tools of {TOOL_PACKAGES}')
+    package = importlib.import_module(scope)
+    path = osp.join(osp.dirname(package.__file__), '.mim', 'tools', f'{mode}.py')
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'{scope} ships no {path}; reinstall {scope}')
+    return path
+
+
+def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
+    """Run mmdet's or mmpretrain's ``tools/{mode}.py`` (picked by the config's
+    ``default_scope``) with ``argv``, so it takes every flag they take.
+
+    Args:
+        mode (str): 'train' or 'test'.
+        argv (list[str], optional): the arguments after the script name;
+            ``sys.argv[1:]`` by default.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    config = _config_path(argv)
+    scope = 'mmdet'  # for --help without a config
+    if config is not None:
+        if not osp.isfile(config):
+            raise FileNotFoundError(f'config file not found: {config!r}')
+        scope = Config.fromfile(config).get('default_scope', 'mmdet')
+    path = openmmlab_tool_path(scope, mode)
+    spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.Runner = _CheckedRunnerFactory(tool.Runner, mode)
+    tool.RUNNERS = _CheckedRunnerFactory(tool.RUNNERS, mode)
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0]] + argv  # the tool's parse_args reads sys.argv
+    try:
+        tool.main()
+    finally:
+        sys.argv = saved_argv
+    shutdown_distributed()

@@ -5,6 +5,7 @@ import os.path as osp
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -108,17 +109,64 @@ def test_test_tool_reproduces_training_ap(trained, tmp_path, tool):
     assert same_metrics(logged_test_metrics(str(tmp_path)), val_metrics(trained['work']))
 
 
+def test_test_tool_takes_mmdets_flags(trained, tmp_path):
+    """tools/test.py runs mmdet's own tool: --show-dir paints the predictions."""
+    ckpt = osp.join(trained['work'], 'iter_4.pth')
+    result = run([PYTHON, 'tools/test.py', trained['config'], ckpt, '--work-dir',
+                  str(tmp_path), '--show-dir', 'painted', '--out',
+                  str(tmp_path / 'preds.pkl')])
+    assert result.returncode == 0, result.stderr[-3000:]
+    painted = glob.glob(osp.join(str(tmp_path), '*', 'painted', '*.jpg'))
+    assert len(painted) == 2  # the two validation images
+    assert osp.getsize(tmp_path / 'preds.pkl') > 0
+    help_text = run([PYTHON, 'tools/test.py', '--work-dir', str(tmp_path),
+                     trained['config'], '--help']).stdout  # options may come first
+    for flag in ('--show-dir', '--tta', '--wait-time', '--out'):
+        assert flag in help_text
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
 
 
+def test_visualize_tool_draws_every_unit_of_a_checkpoint(trained, tmp_path):
+    ckpt = osp.join(trained['work'], 'iter_4.pth')
+    result = run([PYTHON, 'tools/analysis/visualize_moppa.py', trained['config'],
+                  ckpt, '--out-dir', str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    units = sorted(osp.basename(p) for p in glob.glob(str(tmp_path / '*.moppa.png')))
+    assert len(units) == 8 and units[0] == 'backbone.stages.0.blocks.0.moppa.png'
+    assert osp.getsize(tmp_path / 'route_weights.png') > 0
+    assert 'MoPPA tensors from' in result.stdout
+
+
+def _without_activated_venv():
+    env = child_env()
+    env.pop('PYTHON', None)
+    env.pop('VIRTUAL_ENV', None)
+    env['PATH'] = '/usr/bin:/bin'
+    return env
+
+
+def test_dist_scripts_name_the_interpreter_they_lack(tmp_path):
+    env = _without_activated_venv()
+    env['VENV'] = str(tmp_path / 'no-venv')
+    for script, args in (('dist_train.sh', ['cfg.py', '2']),
+                         ('dist_test.sh', ['cfg.py', 'ckpt.pth', '2']),
+                         ('slurm_train.sh', ['partition', 'job', 'cfg.py', 'work'])):
+        result = subprocess.run(['bash', f'tools/{script}', *args], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1, (script, result.stderr)
+        assert 'cannot import torch' in result.stderr and 'PYTHON=' in result.stderr
+
+
 def test_dist_train_two_cpu_processes(shapes_data, tmp_path):
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=2)
     config = dump_cfg(cfg, tmp_path / 'tiny.py')
-    env = child_env()
-    env.update(PYTHON=PYTHON, PORT=str(_free_port()))
+    env = _without_activated_venv()
+    env.update(VENV=sys.prefix, PORT=str(_free_port()))  # the script finds python
     result = subprocess.run(
         ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(tmp_path)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -64,6 +64,7 @@ test_evaluator = val_evaluator
 
 warmup_epochs, max_epochs = 10, 110
 optim_wrapper = dict(
+    constructor='TrainableParamsOptimWrapperConstructor',  # frozen ones left out
     optimizer=dict(type='AdamW', lr=1e-3, weight_decay=1e-4, betas=(0.9, 0.999)),
     paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0))
 param_scheduler = [

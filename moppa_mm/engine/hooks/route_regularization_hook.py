@@ -1,12 +1,36 @@
-"""Adds the scheduled route regularisation to any model's loss dict."""
-from typing import Optional
+"""Adds the scheduled route regularisation to any model's loss dict, and logs
+the routers' weights per stage to the visualizer's backends."""
+import re
+from collections import defaultdict
+from typing import Dict, List, Optional
 
-from mmengine.hooks import Hook
+import torch
+from mmengine.hooks import Hook, LoggerHook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop
 
-from moppa_mm.operators import moppa_units, route_loss_weight, route_regularization
+from moppa_mm.operators import (MoPPAUnit, moppa_units, route_loss_weight,
+                                route_regularization)
+
+
+def stage_of(unit_name: str) -> str:
+    """``'stage2'`` for a unit under ``...stages.2...`` (Swin); ``'all'`` for
+    backbones without stages (ViT)."""
+    match = re.search(r'(?:^|\.)stages\.(\d+)\.', unit_name)
+    return f'stage{match.group(1)}' if match else 'all'
+
+
+def mean_route_weights(model: torch.nn.Module) -> Dict[str, float]:
+    """``{'route/<stage>/<expert>': mean softmax weight}`` over the MoPPA units
+    of each stage."""
+    weights: Dict[str, List[float]] = defaultdict(list)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, MoPPAUnit):
+                for expert, a in zip(module.experts, module.route_weights().tolist()):
+                    weights[f'route/{stage_of(name)}/{expert}'].append(a)
+    return {key: sum(v) / len(v) for key, v in weights.items()}
 
 
 @HOOKS.register_module()
@@ -19,19 +43,31 @@ class RouteRegularizationHook(Hook):
     on the unwrapped model (``mode='loss'``), so any mmdet detector or mmpretrain
     classifier works without subclassing; mmengine sums every ``loss*`` key.
 
+    Every ``log_interval`` iterations it also hands the mean route weights per
+    stage and expert (``route/stage0/heat``, ...; ``route/all/...`` for a ViT)
+    to ``runner.visualizer.add_scalars``: they land in ``vis_data/scalars.json``
+    and in TensorBoard / W&B when the config's ``visualizer`` has those
+    backends, not in the text log.
+
     Args:
         loss_weight (float): ``w``. Defaults to 1.0.
         by_epoch (bool, optional): Schedule on epochs (True) or iterations
             (False). Defaults to the train loop's own kind.
+        log_interval (int, optional): Iterations between route-weight logs.
+            Defaults to the LoggerHook's interval (50 without one); 0 disables.
     """
 
     priority = 'NORMAL'
 
     def __init__(self, loss_weight: float = 1.0,
-                 by_epoch: Optional[bool] = None) -> None:
+                 by_epoch: Optional[bool] = None,
+                 log_interval: Optional[int] = None) -> None:
         assert loss_weight >= 0, f'loss_weight must be >= 0, got {loss_weight}'
+        assert log_interval is None or log_interval >= 0, \
+            f'log_interval must be >= 0, got {log_interval}'
         self.loss_weight = loss_weight
         self.by_epoch = by_epoch
+        self.log_interval = log_interval
         self.current_weight = loss_weight
         self._handle = None
 
@@ -43,6 +79,9 @@ class RouteRegularizationHook(Hook):
                                'MoPPA backbone')
         if self.by_epoch is None:
             self.by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
+        if self.log_interval is None:
+            loggers = [h for h in runner.hooks if isinstance(h, LoggerHook)]
+            self.log_interval = loggers[0].interval if loggers else 50
         self._handle = model.register_forward_hook(self._add_loss, with_kwargs=True)
         runner.logger.info(f'RouteRegularizationHook: {num_units} MoPPA units, '
                            f'w={self.loss_weight}, scheduled by '
@@ -58,6 +97,14 @@ class RouteRegularizationHook(Hook):
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         self._update_weight(runner)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs=None) -> None:
+        if self.log_interval and self.every_n_train_iters(runner, self.log_interval):
+            model = runner.model.module if is_model_wrapper(runner.model) \
+                else runner.model
+            runner.visualizer.add_scalars(mean_route_weights(model),
+                                          step=runner.iter + 1)
 
     def _add_loss(self, module, args, kwargs, output):
         if kwargs.get('mode') != 'loss' or not module.training:

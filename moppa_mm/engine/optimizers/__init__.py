@@ -1,0 +1,3 @@
+from .trainable_constructor import TrainableParamsOptimWrapperConstructor
+
+__all__ = ['TrainableParamsOptimWrapperConstructor']
