@@ -68,7 +68,13 @@ class ViTMoPPAUnit(MoPPAUnit):
 class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
     """Vision Transformer with MoPPA units and scale & shift adapters.
 
-    All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus:
+    All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus
+    those below. ``frozen_stages`` freezes the adapters inside the frozen parts
+    too (the patch embedding's scale & shift, the frozen layers' adapters), as
+    in the MoPPA Swin. The units take the patch grid of the backbone forward in
+    progress; a layer called on its own infers it from its token count
+    (mmpretrain's ViT layers have no gradient checkpointing, whose recompute
+    would run after the forward).
 
     Args:
         moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
