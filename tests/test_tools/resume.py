@@ -22,15 +22,24 @@ from tests.conftest import PYTHON, REPO, child_env, dump_cfg
 @HOOKS.register_module()
 class SIGKILLHook(Hook):
     """Kills its own process with SIGKILL before training iteration
-    ``before_iter`` (0-based, counted over the whole run): nothing after it
-    runs, no checkpoint, no cleanup, exactly as a kill from outside."""
+    ``before_iter`` (0-based, counted over the whole run), or with
+    ``in_validation`` in the middle of the validation that follows
+    ``before_iter`` iterations: nothing after it runs, no checkpoint, no
+    cleanup, exactly as a kill from outside."""
 
-    def __init__(self, before_iter: int) -> None:
+    def __init__(self, before_iter: int, in_validation: bool = False) -> None:
         self.before_iter = before_iter
+        self.in_validation = in_validation
+
+    def _kill(self, runner, in_validation: bool) -> None:
+        if runner.iter == self.before_iter and in_validation == self.in_validation:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
-        if runner.iter == self.before_iter:
-            os.kill(os.getpid(), signal.SIGKILL)
+        self._kill(runner, in_validation=False)
+
+    def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self._kill(runner, in_validation=True)
 
 
 def train(config, work_dir, *extra, timeout=600):
@@ -39,16 +48,17 @@ def train(config, work_dir, *extra, timeout=600):
         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def kill_then_resume(config, work_dir, before_iter):
-    """Train ``config`` in ``work_dir``, SIGKILLed before iteration
-    ``before_iter``, then resume it with the unchanged config; returns the
-    resumed run's log."""
+def kill_then_resume(config, work_dir, before_iter, in_validation=False):
+    """Train ``config`` in ``work_dir``, SIGKILLed where :class:`SIGKILLHook`
+    says, then resume it with the unchanged config; returns the resumed run's
+    log."""
     os.makedirs(work_dir, exist_ok=True)
     cfg = Config.fromfile(config)
     imports = list(cfg.get('custom_imports', {}).get('imports', []))
     cfg.custom_imports = dict(imports=imports + [__name__], allow_failed_imports=False)
     cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
-        dict(type='SIGKILLHook', before_iter=before_iter)]
+        dict(type='SIGKILLHook', before_iter=before_iter,
+             in_validation=in_validation)]
     killed = train(dump_cfg(cfg, osp.join(work_dir, 'killed.py')), work_dir)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = train(config, work_dir, '--resume')

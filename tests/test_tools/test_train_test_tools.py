@@ -69,10 +69,15 @@ def test_checkpoint_is_adapter_only(trained):
     assert 'rng_state' in ckpt['meta']
 
 
-def test_kill_and_resume_reproduces_the_uninterrupted_run(trained, tmp_path):
-    """Killed after the checkpoint and the validation at iteration 2, during
-    iteration 4 (validation draws random numbers after the checkpoint)."""
-    log = kill_then_resume(trained['config'], tmp_path, before_iter=3)
+@pytest.mark.parametrize('in_validation', [False, True])
+def test_kill_and_resume_reproduces_the_uninterrupted_run(trained, tmp_path,
+                                                          in_validation):
+    """Killed after the checkpoint and the validation at iteration 2, before
+    iteration 4 (validation drew random numbers after the checkpoint); or
+    in the middle of that validation, which the resumed run then skips."""
+    log = kill_then_resume(trained['config'], tmp_path,
+                           before_iter=2 if in_validation else 3,
+                           in_validation=in_validation)
     assert 'resumed' in log.lower() and 'iter_2.pth' in log
     assert 'random states restored' in log
     assert_same_checkpoints(tmp_path / 'iter_4.pth',
