@@ -20,12 +20,14 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.logging import print_log
 from torch.autograd.function import once_differentiable
 
 from .dct import dct2d, dct_frequencies, idct2d
 
 EXPERTS = ('heat', 'wave', 'poisson')
 RESIZE_MODES = ('bicubic', 'bilinear', 'nearest')
+FREQ_PARAMS = ('heat_coef', 'wave_coef', 'source_freq')  # (Hr, Wr, N) each
 
 
 def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
@@ -35,6 +37,12 @@ def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
     if len(size) != 2:
         raise ValueError(f'grid size must be an int or (H, W), got {size}')
     return int(size[0]), int(size[1])
+
+
+def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
+    if min(size) <= 0:
+        raise ValueError(f'{what} must be positive (H, W), got {tuple(size)}')
+    return size
 
 
 def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
@@ -143,6 +151,10 @@ class MoPPAUnit(nn.Module):
                  resize_mode: str = 'bicubic',
                  experts: Sequence[str] = EXPERTS) -> None:
         super().__init__()
+        if not isinstance(num_heads, int) or num_heads <= 0:
+            raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
+        if not isinstance(embed_dims, int) or embed_dims <= 0:
+            raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by '
                              f'num_heads ({num_heads})')
@@ -158,7 +170,7 @@ class MoPPAUnit(nn.Module):
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
-        self.grid_size = _pair(grid_size)
+        self.grid_size = _check_grid(_pair(grid_size), 'grid_size')
         self.eta = eta
         self.share_time = share_time
         self.coef_init = coef_init
@@ -304,30 +316,69 @@ class MoPPAUnit(nn.Module):
             self._eval_cache = (state, spectral_filter, field)
         return self._eval_cache[1], self._eval_cache[2]
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Frequency maps saved on another reference grid (a checkpoint trained
+        at another image size) are resized to this unit's grid on load, with
+        :func:`resize_frequency_map` (frequency-exact), as mmpretrain resizes
+        ``pos_embed``; other mismatches are left to ``load_state_dict``."""
+        for name in FREQ_PARAMS:
+            key = prefix + name
+            if not hasattr(self, name) or key not in state_dict:
+                continue
+            saved = state_dict[key]  # (Hs, Ws, N)
+            if saved.dim() != 3 or saved.shape[2] != self.num_heads or \
+                    tuple(saved.shape[:2]) == self.grid_size:
+                continue
+            state_dict[key] = resize_frequency_map(
+                saved.permute(2, 0, 1), self.grid_size,
+                self.resize_mode).permute(1, 2, 0).contiguous()  # (Hr, Wr, N)
+            print_log(f'{key}: frequency map resized from grid '
+                      f'{tuple(saved.shape[:2])} to {self.grid_size} '
+                      f'({self.resize_mode}, frequency-exact)', logger='current')
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def train(self, mode: bool = True) -> 'MoPPAUnit':
         self._eval_cache = None
         return super().train(mode)
 
     # ----------------------------------------------------------------- forward
+    def filter_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the filter and field are built in for an input of
+        ``dtype``: float32 at least. In float16 ``a3 / (w^2 + eta)`` overflows
+        for ``eta`` below ~2e-5 and ``exp``/``cos`` lose most digits, so a half
+        precision input (or autocast) only changes the DCTs, never the filter."""
+        return torch.promote_types(
+            torch.promote_types(dtype, self.route_logits.dtype), torch.float32)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (..., H, W, C), channel-last. Returns the same shape."""
+        """``x``: (..., H, W, C), channel-last. Returns the same shape, in the
+        input's dtype (under autocast, in the dtype autocast gives the inverse
+        DCT).
+
+        The filter and field are built in :meth:`filter_dtype` with autocast
+        off, and the spectral multiply-add runs in that dtype too (type
+        promotion); the DCTs follow the input's dtype and autocast.
+        """
         if x.dim() < 3 or x.shape[-1] != self.embed_dims:
             raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
                              f'got {tuple(x.shape)}')
-        size = (x.shape[-3], x.shape[-2])
+        size = _check_grid((x.shape[-3], x.shape[-2]), 'the input grid')
+        dtype = self.filter_dtype(x.dtype)
         use_cache = not self.training and not (
             torch.is_grad_enabled() and self.route_logits.requires_grad)
-        if use_cache:
-            spectral_filter, field = self._cached_filter_and_field(
-                size, x.device, x.dtype)
-        else:
-            spectral_filter, field = self.filter_and_field(size, x.device, x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            if use_cache:
+                spectral_filter, field = self._cached_filter_and_field(
+                    size, x.device, dtype)
+            else:
+                spectral_filter, field = self.filter_and_field(size, x.device, dtype)
         spectrum = dct2d(x)  # (..., H, W, C)
         if torch.is_grad_enabled():
             spectrum = _SpectralFilter.apply(spectrum, spectral_filter, field)
         else:
             spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
-        return idct2d(spectrum)
+        out = idct2d(spectrum)
+        return out if torch.is_autocast_enabled(x.device.type) else out.to(x.dtype)
 
     # -------------------------------------------------------------- reporting
     def parameter_breakdown(self) -> Dict[str, int]:

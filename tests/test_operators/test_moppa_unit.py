@@ -210,7 +210,42 @@ def test_route_regularization_and_schedule():
         route_regularization(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize('autocast', [True, False])
+def test_half_precision_builds_the_filter_in_float32(autocast):
+    """With a small eta, ``a3 / (w^2 + eta)`` at the DC term (~3e5) is past
+    float16's range: a float16 input, under autocast or not, must still give
+    a finite output close to the float32 one, and finite gradients."""
+    torch.manual_seed(0)
+    unit = MoPPAUnit(8, 2, 4, eta=1e-6)
+    x = torch.randn(2, 4, 4, 8)
+    reference = unit(x)
+    half = x.half().requires_grad_(True)
+    with torch.autocast('cpu', dtype=torch.float16, enabled=autocast):
+        out = unit(half)
+    assert out.dtype == torch.float16 and out.isfinite().all()
+    torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=1e-2)
+    out.float().sum().backward()
+    assert half.grad.isfinite().all()
+    assert all(p.grad.isfinite().all() for p in unit.parameters())
+    unit.eval()  # the eval cache is built in float32 too
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16, enabled=autocast):
+        assert unit(half.detach()).isfinite().all()
+    assert unit.filter_dtype(torch.float16) == torch.float32
+
+
 def test_bad_arguments():
+    with pytest.raises(ValueError, match='num_heads must be a positive int, got 0'):
+        MoPPAUnit(8, 0, 4)
+    with pytest.raises(ValueError, match='num_heads must be a positive int, got -2'):
+        MoPPAUnit(8, -2, 4)
+    with pytest.raises(ValueError, match='embed_dims must be a positive int, got 0'):
+        MoPPAUnit(0, 2, 4)
+    with pytest.raises(ValueError, match=r'grid_size must be positive \(H, W\), got \(0, 0\)'):
+        MoPPAUnit(8, 2, 0)
+    with pytest.raises(ValueError, match=r'grid_size must be positive .*\(4, -3\)'):
+        MoPPAUnit(8, 2, (4, -3))
+    with pytest.raises(ValueError, match=r'the input grid must be positive .*\(0, 4\)'):
+        MoPPAUnit(8, 2, 4)(torch.randn(1, 0, 4, 8))
     with pytest.raises(ValueError, match='divisible by num_heads'):
         MoPPAUnit(10, 3, 4)
     with pytest.raises(ValueError, match='eta'):
@@ -221,3 +256,21 @@ def test_bad_arguments():
         MoPPAUnit(4, 2, 4, experts=('heat', 'fire'))
     with pytest.raises(ValueError, match=r'\(\.\.\., H, W, 4\)'):
         MoPPAUnit(4, 2, 4)(torch.randn(1, 4, 4, 5))
+
+
+def test_frequency_maps_saved_on_another_grid_are_resized_on_load():
+    """A unit trained on a 4x4 reference grid loads into one on 6x5: k, c and
+    H1 are resized exactly as :func:`resize_frequency_map` does."""
+    torch.manual_seed(0)
+    small = MoPPAUnit(8, 2, 4)
+    big = MoPPAUnit(8, 2, (6, 5))
+    saved = small.state_dict()
+    big.load_state_dict(saved)  # strict
+    for name in ('heat_coef', 'wave_coef', 'source_freq'):
+        expected = resize_frequency_map(saved[name].permute(2, 0, 1), (6, 5))
+        torch.testing.assert_close(getattr(big, name), expected.permute(1, 2, 0),
+                                   atol=0, rtol=0)
+    for name in ('heat_time', 'source_channel', 'route_logits'):
+        torch.testing.assert_close(getattr(big, name), saved[name], atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match='size mismatch for heat_coef'):
+        MoPPAUnit(8, 4, 4).load_state_dict(saved)  # other heads: not resizable

@@ -2,7 +2,6 @@
 import glob
 import json
 import os.path as osp
-import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +10,9 @@ import time
 import pytest
 import torch
 
-from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
+from tests.conftest import (DEMO_CONFIG, PYTHON, REPO, child_env, dump_cfg,
+                            tiny_detection_cfg)
+from tests.test_tools.resume import assert_same_checkpoints, kill_then_resume, train
 
 MMDET_TEST = osp.join(osp.dirname(__import__('mmdet').__file__), '.mim/tools/test.py')
 
@@ -47,9 +48,11 @@ def same_metrics(a, b):
 
 @pytest.fixture(scope='module')
 def trained(shapes_data, tmp_path_factory):
-    """An uninterrupted 4-iteration run with checkpoints at 2 and 4."""
+    """An uninterrupted 4-iteration run with checkpoints and validations at 2
+    and 4."""
     work = tmp_path_factory.mktemp('uninterrupted')
-    cfg = tiny_detection_cfg(shapes_data, work, max_iters=4, checkpoint_interval=2)
+    cfg = tiny_detection_cfg(shapes_data, work, max_iters=4, val_interval=2,
+                             checkpoint_interval=2)
     config = dump_cfg(cfg, work / 'tiny.py')
     result = run([PYTHON, 'tools/train.py', config, '--work-dir', str(work)])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -67,36 +70,43 @@ def test_checkpoint_is_adapter_only(trained):
     assert 'rng_state' in ckpt['meta']
 
 
-def test_kill_and_resume_reproduces_the_uninterrupted_run(trained, tmp_path):
-    work = str(tmp_path)
-    args = [PYTHON, 'tools/train.py', trained['config'], '--work-dir', work]
-    proc = subprocess.Popen(args, cwd=REPO, env=child_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    marker = osp.join(work, 'last_checkpoint')
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if osp.exists(marker) and open(marker).read().strip().endswith('iter_2.pth'):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, 'training ended before it could be killed'
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not osp.exists(osp.join(work, 'iter_4.pth'))
-
-    result = run(args + ['--resume'])
-    assert result.returncode == 0, result.stderr[-3000:]
-    log = result.stdout + result.stderr
+@pytest.mark.parametrize('in_validation', [False, True])
+def test_kill_and_resume_reproduces_the_uninterrupted_run(trained, tmp_path,
+                                                          in_validation):
+    """Killed after the checkpoint and the validation at iteration 2, before
+    iteration 4 (validation drew random numbers after the checkpoint); or
+    in the middle of that validation, which the resumed run then skips."""
+    log = kill_then_resume(trained['config'], tmp_path,
+                           before_iter=2 if in_validation else 3,
+                           in_validation=in_validation)
     assert 'resumed' in log.lower() and 'iter_2.pth' in log
     assert 'random states restored' in log
+    assert_same_checkpoints(tmp_path / 'iter_4.pth',
+                            osp.join(trained['work'], 'iter_4.pth'))
+    assert same_metrics(val_metrics(str(tmp_path)), val_metrics(trained['work']))
 
-    resumed = torch.load(osp.join(work, 'iter_4.pth'), weights_only=False)
-    reference = torch.load(osp.join(trained['work'], 'iter_4.pth'), weights_only=False)
-    assert resumed['meta']['iter'] == reference['meta']['iter'] == 4
-    assert resumed['state_dict'].keys() == reference['state_dict'].keys()
-    for key, value in reference['state_dict'].items():
-        torch.testing.assert_close(resumed['state_dict'][key], value,
-                                   atol=1e-6, rtol=1e-5, msg=key)
-    assert same_metrics(val_metrics(work), val_metrics(trained['work']))
+
+def test_kill_and_resume_with_the_shipped_epoch_schedule(shapes_data, tmp_path):
+    """The demo's own schedule (epochs, validation and a checkpoint after
+    each, random flips), killed in the middle of epoch 2: resuming from
+    epoch 1 ends bit-identical to the uninterrupted run."""
+    from mmengine.config import Config, ConfigDict
+    cfg = tiny_detection_cfg(shapes_data, tmp_path)
+    shipped = Config.fromfile(DEMO_CONFIG)
+    cfg.train_dataloader.dataset.pipeline = shipped.train_pipeline
+    cfg.train_dataloader.batch_size = 1  # 4 iterations per epoch
+    cfg.train_cfg = shipped.train_cfg
+    cfg.default_hooks.checkpoint = ConfigDict(type='CheckpointHook', interval=1)
+    cfg.log_processor = ConfigDict(by_epoch=True, window_size=1)
+    assert (cfg.train_cfg.max_epochs, cfg.train_cfg.val_interval) == (2, 1)
+    config = dump_cfg(cfg, tmp_path / 'epochs.py')
+    reference = tmp_path / 'uninterrupted'
+    result = train(config, reference)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = kill_then_resume(config, tmp_path / 'killed', before_iter=6)
+    assert 'epoch_1.pth' in log and 'random states restored' in log
+    assert_same_checkpoints(tmp_path / 'killed' / 'epoch_2.pth',
+                            reference / 'epoch_2.pth')
 
 
 @pytest.mark.parametrize('tool', ['ours', 'mmdet'])

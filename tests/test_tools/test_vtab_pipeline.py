@@ -16,7 +16,8 @@ from moppa_mm.datasets import VTAB_GROUPS, VTAB_TASKS
 from moppa_mm.demo_cls import make_vtab_task
 from moppa_mm.evaluation import vtab_table
 from moppa_mm.models.converters import save_backbone
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, child_env, dump_cfg
+from tests.test_tools.resume import assert_same_checkpoints, kill_then_resume, train
 
 MMPRETRAIN_TEST = osp.join(osp.dirname(__import__('mmpretrain').__file__),
                            '.mim/tools/test.py')
@@ -143,3 +144,35 @@ def test_sweep_tool_collects_and_writes(tmp_path):
                           '--tasks', 'cifar10'], cwd=REPO, env=child_env(),
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown VTAB-1K task(s) ['cifar10']" in bad.stderr
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(vtab_root, tmp_path):
+    """A VTAB config with validation and a checkpoint after every epoch,
+    random flips and drop path as shipped, killed in the middle of epoch 2:
+    resuming from epoch 1 ends bit-identical to the uninterrupted run."""
+    root, pretrained = vtab_root
+    cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', str(tmp_path))
+    cfg.model.backbone.drop_path_rate = 0.1  # training draws from torch's stream
+    config = dump_cfg(cfg, tmp_path / 'vtab.py')
+    reference = tmp_path / 'uninterrupted'
+    result = train(config, reference)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = kill_then_resume(config, tmp_path / 'killed', before_iter=4)  # 3 per epoch
+    assert 'epoch_1.pth' in log and 'random states restored' in log
+    assert_same_checkpoints(tmp_path / 'killed' / 'epoch_2.pth',
+                            reference / 'epoch_2.pth')
+
+
+def test_frozen_stages_keep_their_adapters_frozen_through_the_hooks(vtab_root, tmp_path):
+    """``frozen_stages=1`` freezes layer 0's adapters and the patch embedding's
+    scale & shift, and PEFTFreezeHook does not unfreeze them."""
+    root, pretrained = vtab_root
+    cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', str(tmp_path))
+    cfg.model.backbone.frozen_stages = 1
+    cfg.train_cfg.max_epochs = 1
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    names = [n for n, _ in runner.model.named_parameters()]
+    trainable = {n for n, p in runner.model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n in names if n.startswith('head.') or (
+        n.startswith('backbone.layers.1.') and ('moppa' in n or 'ssf_' in n))}

@@ -7,7 +7,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from moppa_mm.utils.params import matches, parameter_table, set_trainable
+from moppa_mm.utils.params import matches, parameter_table
 
 NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
               nn.InstanceNorm2d)
@@ -25,7 +25,9 @@ DEFAULT_COMPONENTS = (
 class PEFTFreezeHook(Hook):
     """Freezes the pre-trained parameters and keeps the adapters trainable.
 
-    A parameter trains unless it matches ``frozen`` and none of ``trainable``.
+    A parameter may train unless it matches ``frozen`` and none of
+    ``trainable``. The hook only freezes: a parameter the model froze itself
+    (an adapter inside a backbone's ``frozen_stages``) stays frozen.
     DDP is set up inside ``Runner.__init__``, before any hook runs, and flipping
     ``requires_grad`` afterwards breaks it; MoPPA backbones therefore freeze
     themselves when built, and this hook only audits. It applies the patterns
@@ -68,18 +70,19 @@ class PEFTFreezeHook(Hook):
         wrapped = is_model_wrapper(runner.model)
         model = runner.model.module if wrapped else runner.model
         wrong = [n for n, p in model.named_parameters()
-                 if p.requires_grad != self._wanted(n)]
+                 if p.requires_grad and not self._wanted(n)]
         if wrong:
             if wrapped:
                 raise RuntimeError(
-                    f'PEFTFreezeHook: {len(wrong)} parameters disagree with the '
-                    f'patterns (first: {wrong[:5]}) but the model is already '
+                    f'PEFTFreezeHook: {len(wrong)} parameters are trainable '
+                    f'against the patterns (first: {wrong[:5]}) but the model is already '
                     'wrapped for distributed training, where requires_grad can '
                     'no longer change. Settle it when the model is built (the '
                     'MoPPA backbones freeze themselves) or fix the patterns.')
-            set_trainable(model, self.trainable, self.frozen)
-            runner.logger.info(f'PEFTFreezeHook: changed requires_grad of '
-                               f'{len(wrong)} parameters')
+            params = dict(model.named_parameters())
+            for name in wrong:
+                params[name].requires_grad_(False)
+            runner.logger.info(f'PEFTFreezeHook: froze {len(wrong)} parameters')
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         assert trainable, 'PEFTFreezeHook: no parameter is left trainable'
         self._frozen_norms = [

@@ -56,17 +56,31 @@ class SwinConvAdapter(ConvAdapter):
 
     enabled = True
 
-    def block_hook(self, block: nn.Module, args: tuple):
-        """``SwinBlock.forward(x, hw_shape)``: remember the grid for the FFN."""
-        self.hw_shape = tuple(args[1])
+    _grid = None  # (H, W) handed from the attention call to norm2, used once
+
+    def attn_hook(self, attn: nn.Module, args: tuple):
+        """Before ``ShiftWindowMSA.forward(query, hw_shape)``: hand the grid to
+        the ``norm2`` call that follows in the same block forward.
+
+        Both calls happen inside the block's inner forward, so a gradient
+        checkpoint's recompute repeats them in the same order, with the grid of
+        the forward being recomputed (a pre-hook on the block would not run
+        again there)."""
+        self._grid = tuple(args[1])
         return None
 
     def norm_hook(self, norm: nn.Module, args: tuple, output):
         """After ``norm2``, i.e. right before ``FFN.forward(x, identity)``."""
+        grid, self._grid = self._grid, None
         if not self.enabled:
             return None
+        if grid is None:
+            raise RuntimeError(
+                'SwinConvAdapter: norm2 ran without the attention call before it '
+                'in the same block forward, so the token grid is unknown; call '
+                'the whole SwinBlock')
         batch, _, channels = output.shape  # (B, H*W, C)
-        x = output.view(batch, *self.hw_shape, channels)  # (B, H, W, C)
+        x = output.view(batch, *grid, channels)  # (B, H, W, C)
         return self.forward_after_norm(x, args[0], norm).view(batch, -1, channels)
 
 
@@ -147,6 +161,7 @@ class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
-            # norm2's output feeds only the FFN; the grid comes from the block
-            block.register_forward_pre_hook(block.conv_adapter.block_hook)
+            # norm2's output feeds only the FFN; the grid comes from the
+            # attention call of the same block forward
+            block.attn.register_forward_pre_hook(block.conv_adapter.attn_hook)
             block.norm2.register_forward_hook(block.conv_adapter.norm_hook)

@@ -8,7 +8,8 @@ value and output projections and both MLP layers. Everything is wired with
 forward hooks, so the base parameter names are unchanged and mmpretrain / timm /
 JAX checkpoints (through :mod:`moppa_mm.models.converters`) load as they are.
 """
-from typing import Optional
+import math
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -27,18 +28,36 @@ class ViTMoPPAUnit(MoPPAUnit):
 
     enabled = True
     num_extra_tokens = 1
-    hw_shape = None  # set by the backbone from the patch embedding, per forward
+    # the patch grid of the backbone forward in progress (set from the patch
+    # embedding's output, cleared when the backbone's forward returns)
+    forward_grid: Optional[Tuple[int, int]] = None
+
+    def patch_grid(self, num_patches: int) -> Tuple[int, int]:
+        """The (H, W) grid of ``num_patches`` patch tokens: that of the backbone
+        forward in progress, else the reference grid, else a square one."""
+        for grid in (self.forward_grid, self.grid_size):
+            if grid is not None and grid[0] * grid[1] == num_patches:
+                return tuple(grid)
+        side = math.isqrt(num_patches)
+        if side * side == num_patches:
+            return side, side
+        raise ValueError(
+            f'cannot tell the patch grid of {num_patches} patch tokens (after '
+            f'{self.num_extra_tokens} extra tokens): not the reference grid '
+            f'{self.grid_size} and not square. Call the layer through the '
+            'backbone, whose patch embedding gives the grid')
 
     def attn_hook(self, attn: nn.Module, args: tuple):
         if not self.enabled:
             return None
         x, *rest = args  # (B, extra + H*W, C), after ln1
         batch, tokens, channels = x.shape
+        grid = self.patch_grid(tokens - self.num_extra_tokens)
         # split, not slicing: its backward is one concatenation, where each
         # slice's backward would fill a zero tensor of the full size
         extra, patches = x.split(
             [self.num_extra_tokens, tokens - self.num_extra_tokens], dim=1)
-        patches = self(patches.reshape(batch, *self.hw_shape, channels))  # (B, H, W, C)
+        patches = self(patches.reshape(batch, *grid, channels))  # (B, H, W, C)
         x = torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
         return (x, *rest)
 
@@ -47,7 +66,13 @@ class ViTMoPPAUnit(MoPPAUnit):
 class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
     """Vision Transformer with MoPPA units and scale & shift adapters.
 
-    All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus:
+    All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus
+    those below. ``frozen_stages`` freezes the adapters inside the frozen parts
+    too (the patch embedding's scale & shift, the frozen layers' adapters), as
+    in the MoPPA Swin. The units take the patch grid of the backbone forward in
+    progress; a layer called on its own infers it from its token count
+    (mmpretrain's ViT layers have no gradient checkpointing, whose recompute
+    would run after the forward).
 
     Args:
         moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
@@ -87,9 +112,12 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
             self.patch_embed.ssf_proj = ScaleShift(self.embed_dims, channel_dim=1)
             self.patch_embed.projection.register_forward_hook(
                 self.patch_embed.ssf_proj.output_hook)
-        self.patch_embed.register_forward_hook(self._record_patch_resolution)
+        self.patch_embed.register_forward_hook(self._record_patch_grid)
+        self.register_forward_hook(self._clear_patch_grid)
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS)
+        if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
+            self._freeze_stages()
         self._register_state_dict_check()
 
     def _add_scale_shift(self, layer: nn.Module) -> None:
@@ -105,7 +133,13 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         ffn.ssf_fc2 = ScaleShift(fc2.out_features)
         fc2.register_forward_hook(ffn.ssf_fc2.output_hook)
 
-    def _record_patch_resolution(self, patch_embed, args, output):
+    def _record_patch_grid(self, patch_embed, args, output):
         _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))
         for layer in self.layers:
-            layer.moppa.hw_shape = tuple(patch_resolution)
+            layer.moppa.forward_grid = tuple(patch_resolution)
+
+    def _clear_patch_grid(self, module, args, output):
+        """After the backbone's forward: a layer called on its own (or
+        recomputed later) infers its grid from its tokens."""
+        for layer in self.layers:
+            layer.moppa.forward_grid = None

@@ -196,3 +196,38 @@ def test_bad_arguments():
         MoPPASwinTransformer(**TINY, moppa_cfg=dict(tau=1.0))
     with pytest.raises(ValueError, match="must not set 'num_heads'"):
         MoPPASwinTransformer(**TINY, moppa_cfg=dict(num_heads=2))
+
+
+def test_checkpointed_blocks_take_the_grid_of_the_forward_they_recompute():
+    """with_cp: forward at 64x64, forward at 96x96, then backward of the first.
+    The recompute of the first forward's blocks must use its 64x64 grids, and
+    the gradients must equal those without checkpointing."""
+    torch.manual_seed(0)
+    checkpointed = MoPPASwinTransformer(**TINY, with_cp=True)
+    with torch.no_grad():
+        for module in checkpointed.modules():
+            if isinstance(module, SwinConvAdapter):
+                module.up.weight.normal_(0, 0.1)  # away from the zero init
+    plain = copy.deepcopy(checkpointed)
+    for module in plain.modules():
+        if hasattr(module, 'with_cp'):
+            module.with_cp = False
+    grads = []
+    for model in (checkpointed, plain):
+        torch.manual_seed(1)  # the same input and drop-path draws for both
+        first = model(torch.randn(1, 3, 64, 64, requires_grad=True))
+        model(torch.randn(1, 3, 96, 96))
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum()
+            for o in first).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert grads[0][name] is not None, name
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+def test_conv_adapter_needs_the_attention_call_of_its_block():
+    _, moppa = plain_and_moppa()
+    block = moppa.stages[0].blocks[0]
+    with pytest.raises(RuntimeError, match='norm2 ran without the attention call'):
+        block.norm2(torch.randn(1, 49, 16))

@@ -24,12 +24,50 @@ def plain_and_moppa(both=None, **kwargs):
     return plain, moppa
 
 
+def attention_inputs(layer):
+    """Records the layer's ``ln1`` output and what its attention receives
+    (after the unit's pre-hook, which was registered first)."""
+    seen = {}
+    layer.ln1.register_forward_hook(lambda m, a, o: seen.__setitem__('ln1', o.clone()))
+    layer.attn.register_forward_pre_hook(
+        lambda m, a: seen.__setitem__('attn', a[0].clone()))
+    return seen
+
+
 @pytest.mark.parametrize('size', [(32, 32), (40, 24), (56, 72)])
 def test_any_patch_grid(size):
+    """At any image size each layer's unit runs on the patch grid of that
+    size: the attention receives the unit's output on the (H, W) grid."""
     plain, moppa = plain_and_moppa()
+    grid = (size[0] // 8, size[1] // 8)
+    seen = [attention_inputs(layer) for layer in moppa.layers]
     x = torch.randn(2, 3, *size)
     with torch.no_grad():
         assert moppa(x)[0].shape == plain(x)[0].shape == (2, 32)
+        for layer, inputs in zip(moppa.layers, seen):
+            patches = inputs['ln1'][:, 1:].reshape(2, *grid, 32)
+            expected = layer.moppa(patches).reshape(2, -1, 32)
+            torch.testing.assert_close(inputs['attn'][:, 1:], expected)
+            torch.testing.assert_close(inputs['attn'][:, 0], inputs['ln1'][:, 0])
+
+
+def test_layer_called_on_its_own_infers_its_grid():
+    """A layer outside the backbone's forward (or recomputed later) takes its
+    grid from its token count: the backbone forward's grid while it runs,
+    else the reference grid, else a square one, else a clear error."""
+    _, moppa = plain_and_moppa()
+    layer = moppa.layers[0]
+    inputs = {}
+    layer.register_forward_pre_hook(lambda m, a: inputs.__setitem__('x', a[0]))
+    layer.register_forward_hook(lambda m, a, o: inputs.__setitem__('out', o))
+    with torch.no_grad():
+        for size in ((32, 32), (48, 48)):  # reference 4x4, square 6x6
+            moppa(torch.randn(1, 3, *size))
+            assert layer.moppa.forward_grid is None  # cleared after the forward
+            torch.testing.assert_close(layer(inputs['x']), inputs['out'],
+                                       atol=0, rtol=0)
+        with pytest.raises(ValueError, match='patch grid of 15 patch tokens'):
+            layer(torch.randn(1, 16, 32))  # 5 x 3 patches: ambiguous alone
 
 
 def test_bypassed_adapters_give_plain_vit_exactly():
@@ -65,7 +103,6 @@ def test_class_token_passes_the_unit_unchanged():
     # its output; the class token is untouched, the patch tokens changed
     torch.testing.assert_close(seen['in'][:, 0], ln1_out['out'][:, 0])
     assert not torch.allclose(seen['in'][:, 1:], ln1_out['out'][:, 1:])
-    assert moppa.layers[0].moppa.hw_shape == (5, 3)
 
 
 def test_trainable_set_and_gradients():
@@ -137,7 +174,7 @@ def test_unit_copies_no_activation_beyond_the_class_token_concat():
                                              feedforward_channels=64),
                                    img_size=80, patch_size=8)
     layer = model.layers[0]
-    layer.moppa.hw_shape = (10, 10)  # 100 tokens: the separable DCT
+    assert layer.moppa.grid_size == (10, 10)  # 100 tokens: the separable DCT
     x = torch.randn(2, 101, 32, requires_grad=True)
     grad = torch.randn(2, 101, 32)
     patch_numel = 2 * 100 * 32
@@ -168,3 +205,31 @@ def test_unit_copies_no_activation_beyond_the_class_token_concat():
     for op in copies[False]:
         extra.remove(op)
     assert extra == ['cat', 'cat']  # forward, and the split's backward
+
+
+def test_frozen_stages_freeze_their_adapters_too():
+    """As in the MoPPA Swin: the adapters inside frozen layers and the patch
+    embedding's scale & shift freeze with them; later layers keep theirs."""
+    moppa = MoPPAVisionTransformer(**TINY, frozen_stages=1)
+    trainable = {n for n, p in moppa.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in moppa.named_parameters()
+                         if n.startswith('layers.1.') and adapter_key(n)}
+    assert any('layers.1.moppa.' in n for n in trainable)
+
+
+def test_checkpoint_at_224_loads_into_384():
+    """Frequency maps k, c, H1 saved at 224 (14x14 patches) are resized to the
+    24x24 grid of a 384 model on load, frequency-exactly."""
+    from moppa_mm.operators import resize_frequency_map
+    arch = dict(TINY['arch'], num_layers=1)
+    torch.manual_seed(0)
+    at_224 = MoPPAVisionTransformer(arch=arch, img_size=224, patch_size=16)
+    at_384 = MoPPAVisionTransformer(arch=arch, img_size=384, patch_size=16)
+    saved = at_224.state_dict()
+    at_384.load_state_dict(saved)  # strict; pos_embed is resized by mmpretrain
+    for name in ('heat_coef', 'wave_coef', 'source_freq'):
+        key = f'layers.0.moppa.{name}'
+        assert saved[key].shape == (14, 14, 4)
+        expected = resize_frequency_map(saved[key].permute(2, 0, 1), (24, 24))
+        torch.testing.assert_close(at_384.state_dict()[key], expected.permute(1, 2, 0),
+                                   atol=0, rtol=0)
