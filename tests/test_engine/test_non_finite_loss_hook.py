@@ -3,7 +3,6 @@ terms, and no checkpoint with NaN weights is written."""
 import glob
 import os.path as osp
 
-import numpy as np
 import pytest
 import torch
 from mmengine.config import ConfigDict
@@ -11,14 +10,14 @@ from mmengine.runner import Runner
 from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.models.converters import save_backbone
-from tests.test_tools.test_vtab_pipeline import ARCH, make_vtab, tiny_vtab_cfg
+from moppa_mm.demo_cls import make_vtab_task
+from tests.test_tools.test_vtab_pipeline import ARCH, tiny_vtab_cfg
 
 
 @pytest.fixture(scope='module')
 def kitti(tmp_path_factory):
     root = tmp_path_factory.mktemp('vtab-1k')
-    make_vtab(str(root), 'kitti', np.random.default_rng(0),
-              per_split=dict(train800val200=16, test=4))
+    make_vtab_task(str(root), 'kitti', dict(train800val200=16, test=4))
     torch.manual_seed(0)
     vit = VisionTransformer(arch=ARCH, img_size=32, patch_size=8)
     vit.init_weights()

@@ -205,14 +205,13 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
 def test_mmpretrain_apis_match_the_test_tool(tmp_path):
     """get_model / ImageClassificationInferencer on an adapter-only checkpoint
     restore the pre-trained ViT from init_cfg: same scores as tools/test.py."""
-    import numpy as np
     from mmpretrain.apis import ImageClassificationInferencer, get_model
-    from tests.test_tools.test_vtab_pipeline import make_vtab, tiny_vtab_cfg
+    from moppa_mm.demo_cls import make_vtab_task
+    from tests.test_tools.test_vtab_pipeline import tiny_vtab_cfg
     from mmpretrain.models.backbones import VisionTransformer
     from moppa_mm.models.converters import save_backbone
     root = str(tmp_path / 'vtab')
-    make_vtab(root, 'eurosat', np.random.default_rng(0),
-              per_split=dict(train800val200=8, test=4))
+    make_vtab_task(root, 'eurosat', dict(train800val200=8, test=4))
     torch.manual_seed(0)
     vit = VisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
                                       feedforward_channels=64), img_size=32,
