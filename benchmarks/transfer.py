@@ -61,13 +61,15 @@ SECTION_END = '<!-- transfer.py: end -->'
 SETTINGS = {
     'full': dict(img_size=32, patch_size=4, embed_dims=64, num_layers=4, num_heads=4,
                  ffn=128, pretrain_per_class=320, pretrain_epochs=8,
-                 pretrain_lr=3e-3, val_per_class=20, test_per_class=60, shots=10,
-                 steps=80, batch=32, seeds=3),
+                 pretrain_lr=3e-3, val_per_class=20, test_per_class=50, shots=10,
+                 steps=60, batch=32, seeds=3),
     'quick': dict(img_size=16, patch_size=4, embed_dims=16, num_layers=2, num_heads=2,
                   ffn=32, pretrain_per_class=4, pretrain_epochs=1,
                   pretrain_lr=2e-3, val_per_class=2, test_per_class=2, shots=2,
                   steps=2, batch=8, seeds=2),
 }
+PRETRAIN_KEYS = ('img_size', 'patch_size', 'embed_dims', 'num_layers', 'num_heads', 'ffn',
+                 'pretrain_per_class', 'pretrain_epochs', 'pretrain_lr', 'val_per_class')
 # learning-rate grids (AdamW), one per family of methods
 FULL_GRID = (1e-4, 3e-4, 1e-3)
 ADAPTER_GRID = (1e-3, 1e-2, 1e-1)
@@ -178,6 +180,7 @@ def evaluate(model: Classifier, images: torch.Tensor, labels: torch.Tensor,
 def pretrain(s: dict, seed: int = 0) -> Tuple[dict, dict, Dict[str, float]]:
     """Plain ViT + head on the source classes. Returns the backbone's and the
     head's state dicts and the source train / val accuracy."""
+    started = time.perf_counter()
     torch.manual_seed(seed)
     images, labels = make_images(SOURCE_CLASSES, s['pretrain_per_class'], s['img_size'], seed=100)
     val_images, val_labels = make_images(SOURCE_CLASSES, s['val_per_class'], s['img_size'], seed=101)
@@ -199,7 +202,8 @@ def pretrain(s: dict, seed: int = 0) -> Tuple[dict, dict, Dict[str, float]]:
             schedule.step()
             step += 1
     accuracy = dict(train=evaluate(model, images[:2000], labels[:2000]),
-                    val=evaluate(model, val_images, val_labels))
+                    val=evaluate(model, val_images, val_labels),
+                    seconds=time.perf_counter() - started)
     return model.backbone.state_dict(), model.head.state_dict(), accuracy
 
 
@@ -267,11 +271,12 @@ def cached_pretrain(s: dict, cache_dir: Optional[str]) -> Tuple[dict, dict, Dict
     settings (the file is this script's own output)."""
     if not cache_dir:
         return pretrain(s)
-    key = hashlib.sha1(repr(sorted(s.items())).encode()).hexdigest()[:12]
+    used = {k: v for k, v in s.items() if k in PRETRAIN_KEYS}
+    key = hashlib.sha1(repr(sorted(used.items())).encode()).hexdigest()[:12]
     path = osp.join(cache_dir, f'pretrained_{key}.pth')
     if osp.exists(path):
         saved = torch.load(path, weights_only=True)
-        return saved['vit'], saved['head'], saved['accuracy']
+        return saved['vit'], saved['head'], dict(saved['accuracy'], cached=path)
     vit_state, head_state, accuracy = pretrain(s)
     os.makedirs(cache_dir, exist_ok=True)
     torch.save(dict(vit=vit_state, head=head_state, accuracy=accuracy), path)
@@ -348,7 +353,10 @@ def markdown(result: dict) -> str:
         f'{s["num_heads"]} heads, MLP {s["ffn"]}, {s["img_size"]} px, patch {s["patch_size"]}) '
         f'on {len(SOURCE_CLASSES)} shape classes x {s["pretrain_per_class"]} images, '
         f'{s["pretrain_epochs"]} epochs: source validation accuracy '
-        f'**{result["pretrain"]["val"]:.1f}%** (train {result["pretrain"]["train"]:.1f}%).',
+        f'**{result["pretrain"]["val"]:.1f}%** (train {result["pretrain"]["train"]:.1f}%)'
+        + (f', {result["pretrain"]["seconds"]:.0f} s' if 'seconds' in result['pretrain'] else '')
+        + (' (reused from `--cache-dir`, not in the total above)'
+           if 'cached' in result['pretrain'] else '') + '.',
         '',
         f'Transfer: {len(TRANSFER_CLASSES)} unseen classes, {s["shots"]} shots each, '
         f'{s["steps"]} AdamW steps of batch {s["batch"]} (cosine, weight decay 1e-4), '
