@@ -52,6 +52,7 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmpretrain.models.backbones import VisionTransformer  # noqa: E402
 from mmpretrain.models.peft import LoRAModel  # noqa: E402
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer  # noqa: E402
+from moppa_mm.models.converters import plain_to_lora_keys  # noqa: E402
 from moppa_mm.operators import moppa_units  # noqa: E402
 from shapes_data import SOURCE_CLASSES, TRANSFER_CLASSES, make_images  # noqa: E402
 
@@ -102,17 +103,6 @@ def moppa_variants() -> List[Tuple[str, str]]:
     return [(init, heat) for init in ('paper', 'identity') for heat in ('raw', 'softplus')]
 
 
-def lora_state(vit_state: Dict[str, torch.Tensor], lora: LoRAModel) -> Dict[str, torch.Tensor]:
-    """A plain ViT state dict under LoRAModel's names: each wrapped Linear's
-    weights live under ``<name>.original_layer``."""
-    wrapped = {name for name, m in lora.module.named_modules() if hasattr(m, 'original_layer')}
-    renamed = {}
-    for key, value in vit_state.items():
-        owner, _, leaf = key.rpartition('.')
-        renamed[f'{owner}.original_layer.{leaf}' if owner in wrapped else key] = value
-    return renamed
-
-
 def build_backbone(method: str, s: dict, vit_state: dict, lora_rank: int = 1) -> nn.Module:
     """The pre-trained backbone prepared for ``method``, its trainable
     parameters set (the head is added by the caller)."""
@@ -126,7 +116,7 @@ def build_backbone(method: str, s: dict, vit_state: dict, lora_rank: int = 1) ->
         backbone = LoRAModel(module=dict(type='VisionTransformer', **kwargs),
                              alpha=lora_rank, rank=lora_rank, targets=[dict(type='qkv')])
         missing, unexpected = backbone.module.load_state_dict(
-            lora_state(vit_state, backbone), strict=False)
+            plain_to_lora_keys(vit_state, backbone.module), strict=False)
         assert not unexpected and all('lora_' in k for k in missing), (missing, unexpected)
         return backbone
     match = re.fullmatch(r'(MoPPA units|MoPPA \+ scale & shift|scale & shift)'

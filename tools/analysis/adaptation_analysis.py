@@ -36,6 +36,7 @@ from mmpretrain.models.peft import LoRAModel
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer
+from moppa_mm.models.converters import plain_to_lora_keys
 
 GRID = (14, 14)  # ViT-B/16 at 224 px
 PAPER = {'LoRA': (0.065, 0.0007), 'MoPPA': (0.050, 0.0011)}
@@ -63,12 +64,8 @@ def build(method: str, depth: int, base: Dict[str, torch.Tensor], rank: int,
     if method == 'LoRA':
         model = LoRAModel(module=dict(type='VisionTransformer', **vit_kwargs(depth)),
                           alpha=rank, rank=rank, targets=[dict(type='qkv')])
-        wrapped = {n for n, m in model.module.named_modules() if hasattr(m, 'original_layer')}
-        state = {}
-        for key, value in base.items():  # a Linear under LoRA holds original_layer
-            owner, _, leaf = key.rpartition('.')
-            state[f'{owner}.original_layer.{leaf}' if owner in wrapped else key] = value
-        missing, unexpected = model.module.load_state_dict(state, strict=False)
+        missing, unexpected = model.module.load_state_dict(
+            plain_to_lora_keys(base, model.module), strict=False)
         assert not unexpected and all('lora_' in k for k in missing), (missing, unexpected)
         return model
     model = MoPPAVisionTransformer(**vit_kwargs(depth), moppa_cfg=moppa_cfg)
