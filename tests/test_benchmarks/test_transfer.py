@@ -14,7 +14,7 @@ def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
     assert 'written by hand, kept' in text
-    for method in ('linear probe', 'full fine-tuning', '| scale & shift |', 'LoRA (rank',
+    for method in ('| linear probe |', '| full fine-tuning |', '| scale & shift |', 'LoRA (rank',
                    'MoPPA units (paper init, raw heat)',
                    'MoPPA + scale & shift (identity init, softplus heat)'):
         assert method in text, method
@@ -28,7 +28,7 @@ def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
                     '--out', str(out)], cwd=REPO, env=child_env(), check=True,
                    capture_output=True, timeout=600)
     text = out.read_text()
-    assert text.count('transfer.py: begin') == 1 and 'full fine-tuning' not in text
+    assert text.count('transfer.py: begin') == 1 and '| full fine-tuning |' not in text
 
 
 def test_adaptation_analysis_prints_the_table(tmp_path):
