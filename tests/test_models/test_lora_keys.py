@@ -14,8 +14,8 @@ def test_plain_vit_state_loads_into_lora_model():
     torch.manual_seed(0)
     plain = VisionTransformer(**TINY)
     plain.init_weights()
-    lora = LoRAModel(module=dict(type='VisionTransformer', **TINY), alpha=2, rank=2,
-                     targets=[dict(type='qkv'), dict(type='proj')])
+    lora = LoRAModel(module=dict(type='mmpretrain.VisionTransformer', **TINY),
+                     alpha=2, rank=2, targets=[dict(type='qkv'), dict(type='proj')])
     plain.eval()  # (mmpretrain's ViT.train returns None: no chaining)
     lora.eval()
     state = plain_to_lora_keys(plain.state_dict(), lora.module)

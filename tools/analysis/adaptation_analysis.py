@@ -62,7 +62,8 @@ def build(method: str, depth: int, base: Dict[str, torch.Tensor], rank: int,
     """The backbone with ``method``'s adapters, only they trainable; the base
     weights ``base`` loaded under the backbone's own names."""
     if method == 'LoRA':
-        model = LoRAModel(module=dict(type='VisionTransformer', **vit_kwargs(depth)),
+        model = LoRAModel(module=dict(type='mmpretrain.VisionTransformer',
+                                      **vit_kwargs(depth)),
                           alpha=rank, rank=rank, targets=[dict(type='qkv')])
         missing, unexpected = model.module.load_state_dict(
             plain_to_lora_keys(base, model.module), strict=False)
