@@ -46,8 +46,10 @@ SHAPES: Dict[str, Mask] = {
     'spiral': lambda u, v, r: (r < 0.95) & (torch.sin(4 * torch.atan2(v, u) + 9 * r) > 0),
     'frame_dot': lambda u, v, r: (_box(u, v, 0.9, 0.9) & ~_box(u, v, 0.65, 0.65)) | (r < 0.3),
     'hourglass': lambda u, v, r: _box(u, v, 0.9, 0.9) & (u.abs() < v.abs() * 0.9 + 0.08),
-    'grid_square': lambda u, v, r: _box(u, v, 0.9, 0.9) & ((torch.sin(6 * u).abs() < 0.35) | (torch.sin(6 * v).abs() < 0.35)),
-    'ellipse_pair': lambda u, v, r: (u**2 / 0.8 + (v - 0.45)**2 / 0.06 < 1) | (u**2 / 0.8 + (v + 0.45)**2 / 0.06 < 1),
+    'grid_square': lambda u, v, r: _box(u, v, 0.9, 0.9) & (
+        (torch.sin(6 * u).abs() < 0.35) | (torch.sin(6 * v).abs() < 0.35)),
+    'ellipse_pair': lambda u, v, r: (u**2 / 0.8 + (v - 0.45)**2 / 0.06 < 1) | (
+        u**2 / 0.8 + (v + 0.45)**2 / 0.06 < 1),
     'star': lambda u, v, r: r < 0.55 + 0.35 * torch.cos(5 * torch.atan2(v, u)),
     'dotted_ring': lambda u, v, r: (r > 0.55) & (r < 0.95) & (torch.sin(8 * torch.atan2(v, u)) > 0),
 }
