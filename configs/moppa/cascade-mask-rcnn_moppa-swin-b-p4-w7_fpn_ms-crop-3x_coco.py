@@ -10,7 +10,7 @@ model = dict(
     backbone=dict(
         type='MoPPASwinTransformer',
         moppa_scope='window',  # or 'global': the whole feature map
-        moppa_cfg=dict(eta=1e-3),
+        moppa_cfg=dict(eta=1e-3, init_mode='identity', heat_param='softplus'),
         adapter_ratio=7.25,
         freeze_pretrained=True))
 

@@ -157,3 +157,19 @@ def save_backbone(state: Dict[str, torch.Tensor], path: str, source: str = '') -
     torch.save({'state_dict': OrderedDict(('backbone.' + k, v) for k, v in state.items()),
                 'meta': {'converted_from': source}}, path)
     return path
+
+
+def plain_to_lora_keys(state: Mapping[str, torch.Tensor],
+                       lora_module: torch.nn.Module) -> 'OrderedDict[str, torch.Tensor]':
+    """A plain backbone state dict under the names of the same backbone after
+    mmpretrain's ``LoRAModel`` wrapped some of its Linears: a wrapped layer's
+    weights live under ``<name>.original_layer``. ``lora_module`` is
+    ``LoRAModel.module``; load the result with ``strict=False`` (the LoRA
+    factors are missing). (A config needs none of this: ``LoRAModel`` runs its
+    module's ``init_cfg`` before wrapping.)"""
+    wrapped = {name for name, m in lora_module.named_modules() if hasattr(m, 'original_layer')}
+    renamed = OrderedDict()
+    for key, value in state.items():
+        owner, _, leaf = key.rpartition('.')
+        renamed[f'{owner}.original_layer.{leaf}' if owner in wrapped else key] = value
+    return renamed

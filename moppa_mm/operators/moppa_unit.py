@@ -10,6 +10,18 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
+Two options depart from the paper where it misbehaves in fine-tuning:
+
+- ``init_mode='identity'`` adds a zero-initialised gate ``g`` (one per channel
+  in a head) that blends the paper's output with the input,
+  ``Y = X + g (Y_Eq11 - X)``: the unit is exactly the identity at init, and
+  ``g = 1`` is Eq. 11. ``'paper'`` is Eq. 11 as written (at init it scales its
+  input by about ``a1 + a2 = 2/3``).
+- ``heat_param='softplus'`` keeps the heat physical: ``k = softplus(k_raw)``
+  and ``t = softplus(t_raw)`` are >= 0, so ``exp(-k w^2 t)`` only damps. With
+  ``'raw'`` (the paper's), ``k t < 0`` amplifies high frequencies
+  exponentially.
+
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
 filter multiply and ONE additive field in the DCT domain. The filter and field do
 not depend on ``X``; in eval mode they are built once and reused until a
@@ -26,8 +38,16 @@ from torch.autograd.function import once_differentiable
 from .dct import dct2d, dct_frequencies, idct2d
 
 EXPERTS = ('heat', 'wave', 'poisson')
+INIT_MODES = ('paper', 'identity')
+HEAT_PARAMS = ('raw', 'softplus')
 RESIZE_MODES = ('bicubic', 'bilinear', 'nearest')
 FREQ_PARAMS = ('heat_coef', 'wave_coef', 'source_freq')  # (Hr, Wr, N) each
+
+
+def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
+    """The ``raw`` with ``softplus(raw) == value`` (``value > 0``), computed
+    without overflow: ``log(exp(v) - 1) = v + log(1 - exp(-v))``."""
+    return value + torch.log(-torch.expm1(-value))
 
 
 def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
@@ -137,6 +157,24 @@ class MoPPAUnit(nn.Module):
         experts (sequence of str): The priors in use, a subset of
             ('heat', 'wave', 'poisson'), for ablations (paper Table 4). The
             router spans only the experts in use. Defaults to all three.
+        init_mode (str): 'paper' (default): Eq. 11 as written; with the
+            uniform router it multiplies its input by about 2/3 at init.
+            'identity': adds ``gate`` (C/N values, shared across heads, like
+            ``t``), zero at init, and returns ``X + gate * (Y_Eq11 - X)``.
+            The output then equals the input at init; the gate gets a gradient
+            at once and every other parameter as soon as the gate leaves 0 (as
+            LoRA's zero-initialised B). ``gate = 1`` is exactly Eq. 11; the
+            gate adds ``C/N`` parameters per unit.
+        heat_param (str): How ``heat_coef`` and ``heat_time`` hold k and t.
+            'raw' (default, the paper's): as they are, unconstrained; a
+            negative ``k t`` makes heat amplify high frequencies as
+            ``exp(|k t| w^2)``. 'softplus': they hold ``softplus^-1`` of k and
+            t, so k, t >= 0 and heat only damps (also between grid points,
+            where bicubic resizing of k itself could overshoot below 0). With
+            ``share_time`` the shared t goes through softplus for wave too
+            (wave is even in t, so only the parameterisation changes). A
+            checkpoint keeps the parameters' meaning: load it with the same
+            ``heat_param`` it was trained with.
     """
 
     def __init__(self,
@@ -149,12 +187,20 @@ class MoPPAUnit(nn.Module):
                  time_init: float = 1.0,
                  source_init_std: float = 1e-2,
                  resize_mode: str = 'bicubic',
-                 experts: Sequence[str] = EXPERTS) -> None:
+                 experts: Sequence[str] = EXPERTS,
+                 init_mode: str = 'paper',
+                 heat_param: str = 'raw') -> None:
         super().__init__()
         if not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
         if not isinstance(embed_dims, int) or embed_dims <= 0:
             raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
+        if init_mode not in INIT_MODES:
+            raise ValueError(f'unknown init_mode {init_mode!r}, expected one of '
+                             f'{INIT_MODES}')
+        if heat_param not in HEAT_PARAMS:
+            raise ValueError(f'unknown heat_param {heat_param!r}, expected one '
+                             f'of {HEAT_PARAMS}')
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by '
                              f'num_heads ({num_heads})')
@@ -178,6 +224,8 @@ class MoPPAUnit(nn.Module):
         self.source_init_std = source_init_std
         self.resize_mode = resize_mode
         self.experts = tuple(e for e in EXPERTS if e in experts)
+        self.init_mode = init_mode
+        self.heat_param = heat_param
 
         # frequency x head, stored in the layout the filter uses: no permute per
         # forward, and gradients keep the parameters' strides (DDP buckets)
@@ -193,13 +241,18 @@ class MoPPAUnit(nn.Module):
             self.source_freq = nn.Parameter(torch.empty(freq_shape))  # H1
             self.source_channel = nn.Parameter(torch.empty(self.head_dims))  # H2
         self.route_logits = nn.Parameter(torch.zeros(len(self.experts)))  # lambda
+        if init_mode == 'identity':  # blends X and Eq. 11, per channel in a head
+            self.gate = nn.Parameter(torch.empty(self.head_dims))
 
         self.num_filter_builds = 0  # how often the filter/field were computed
         self._eval_cache: Optional[Tuple[tuple, torch.Tensor, torch.Tensor]] = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Filters near 1, a small random source, a uniform router."""
+        """Filters near 1, a small random source, a uniform router, and (with
+        ``init_mode='identity'``) a zero gate. With ``heat_param='softplus'``
+        the stored heat parameters are the softplus inverses of the same k, t
+        (k drawn at least ``1e-4 coef_init`` so its inverse stays finite)."""
         with torch.no_grad():
             for name in ('heat_coef', 'wave_coef'):
                 if hasattr(self, name):
@@ -207,10 +260,16 @@ class MoPPAUnit(nn.Module):
             for name in ('heat_time', 'wave_time'):
                 if hasattr(self, name):
                     getattr(self, name).fill_(self.time_init)
+            if self.heat_param == 'softplus' and 'heat' in self.experts:
+                k = self.heat_coef.clamp_(min=1e-4 * self.coef_init)
+                k.copy_(inverse_softplus(k))
+                self.heat_time.copy_(inverse_softplus(self.heat_time))
             if 'poisson' in self.experts:
                 self.source_freq.normal_(0, self.source_init_std)
                 self.source_channel.normal_(0, self.source_init_std)
             self.route_logits.zero_()
+            if self.init_mode == 'identity':
+                self.gate.zero_()
         self._eval_cache = None
 
     # ------------------------------------------------------------------ router
@@ -234,15 +293,26 @@ class MoPPAUnit(nn.Module):
         return param.unsqueeze(-1)  # (H, W, N, 1)
 
     def _time(self, expert: str) -> torch.Tensor:
+        """The expert's t, (C/N,)."""
         if expert == 'wave' and not hasattr(self, 'wave_time'):
-            return self.heat_time  # share_time
-        return getattr(self, f'{expert}_time')
+            expert = 'heat'  # share_time
+        time = getattr(self, f'{expert}_time')
+        if expert == 'heat' and self.heat_param == 'softplus':
+            return F.softplus(time)
+        return time
+
+    def _heat_coef(self, size: Tuple[int, int]) -> torch.Tensor:
+        """The heat's k on the runtime grid, (H, W, N, 1); with 'softplus' the
+        raw map is resized first, so k >= 0 between grid points too."""
+        k = self._freq_param('heat_coef', size)
+        return F.softplus(k) if self.heat_param == 'softplus' else k
 
     def expert_filters(self, size: Tuple[int, int], device=None, dtype=None
                        ) -> Dict[str, torch.Tensor]:
         """Each expert's own term on grid ``size``, unweighted, each (H, W, C):
         heat ``exp(-k w^2 t)``, wave ``cos(c |w| t)`` (multiplicative) and
-        poisson ``SD / (w^2 + eta)`` (additive)."""
+        poisson ``SD / (w^2 + eta)`` (additive). The identity gate is not
+        applied here (see :meth:`filter_and_field`)."""
         h, w = size
         device = device or self.route_logits.device
         dtype = dtype or self.route_logits.dtype
@@ -251,7 +321,7 @@ class MoPPAUnit(nn.Module):
         omega_abs = omega_abs[:, :, None, None]  # (H, W, 1, 1)
         terms = {}
         if 'heat' in self.experts:
-            k = self._freq_param('heat_coef', size)  # (H, W, N, 1)
+            k = self._heat_coef(size)  # (H, W, N, 1)
             terms['heat'] = torch.exp(-k * omega_sq * self._time('heat'))
         if 'wave' in self.experts:
             c = self._freq_param('wave_coef', size)  # (H, W, N, 1)
@@ -264,7 +334,9 @@ class MoPPAUnit(nn.Module):
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The fused spectral filter and additive field of Eq. 11, each (H, W, C):
-        ``filter = a1 heat + a2 wave`` and ``field = a3 poisson``.
+        ``filter = a1 heat + a2 wave`` and ``field = a3 poisson``. With
+        ``init_mode='identity'``: ``filter = 1 + g (a1 heat + a2 wave - 1)``
+        and ``field = g a3 poisson``, i.e. ``X + g (Y_Eq11 - X)``.
 
         Built with as few full-size (H, W, C) operations as the algebra allows
         (it runs every training step): ``a1`` rides in the heat exponent as
@@ -282,7 +354,7 @@ class MoPPAUnit(nn.Module):
                              self.route_logits.log_softmax(0).to(dtype).unbind(0)))
         spectral_filter = field = None
         if 'heat' in self.experts:  # a1 exp(-k w^2 t) = exp(log a1 - (k w^2) t)
-            k = self._freq_param('heat_coef', size)  # (H, W, N, 1)
+            k = self._heat_coef(size)  # (H, W, N, 1)
             spectral_filter = torch.exp(torch.addcmul(
                 log_route['heat'], k * omega_sq, self._time('heat'), value=-1))
         if 'wave' in self.experts:  # + a2 cos((c |w|) t)
@@ -300,6 +372,12 @@ class MoPPAUnit(nn.Module):
             spectral_filter = torch.zeros(shape, device=device, dtype=dtype)
         if field is None:
             field = torch.zeros(shape, device=device, dtype=dtype)
+        if self.init_mode == 'identity':  # (H, W, N, C/N) or (H, W, C) by C/N
+            gate = self.gate.to(dtype)
+            spectral_filter = torch.lerp(
+                torch.ones((), device=device, dtype=dtype),
+                spectral_filter.reshape(h, w, self.num_heads, -1), gate)
+            field = field.reshape(h, w, self.num_heads, -1) * gate
         return spectral_filter.reshape(shape), field.reshape(shape)
 
     def _param_state(self, size, device, dtype) -> tuple:
@@ -384,12 +462,14 @@ class MoPPAUnit(nn.Module):
     def parameter_breakdown(self) -> Dict[str, int]:
         """Trainable parameters per expert; the formulas are
         heat ``L*N + C/N``, wave ``L*N + C/N`` (``L*N`` if the time is shared),
-        poisson ``L*N + C/N`` and the router one per expert."""
+        poisson ``L*N + C/N``, the router one per expert and the identity gate
+        ``C/N`` (0 with ``init_mode='paper'``)."""
         groups = {
             'heat': ('heat_coef', 'heat_time'),
             'wave': ('wave_coef', 'wave_time'),
             'poisson': ('source_freq', 'source_channel'),
             'router': ('route_logits', ),
+            'gate': ('gate', ),
         }
         return {
             group: sum(getattr(self, n).numel() for n in names if hasattr(self, n))
@@ -400,7 +480,8 @@ class MoPPAUnit(nn.Module):
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'grid_size={self.grid_size}, experts={self.experts}, '
                 f'eta={self.eta}, share_time={self.share_time}, '
-                f'resize_mode={self.resize_mode!r}')
+                f'resize_mode={self.resize_mode!r}, init_mode={self.init_mode!r}, '
+                f'heat_param={self.heat_param!r}')
 
 
 def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
@@ -429,5 +510,5 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
 
 __all__ = [
     'MoPPAUnit', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'route_regularization', 'EXPERTS'
+    'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
 ]

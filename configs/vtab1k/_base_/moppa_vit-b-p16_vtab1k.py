@@ -19,7 +19,7 @@ model = dict(
         drop_path_rate=0.1,
         out_type='cls_token',
         final_norm=True,
-        moppa_cfg=dict(eta=1e-3),
+        moppa_cfg=dict(eta=1e-3, init_mode='identity', heat_param='softplus'),
         freeze_pretrained=True,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.')),
     neck=None,

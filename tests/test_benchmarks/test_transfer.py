@@ -1,0 +1,43 @@
+"""The transfer benchmark and the adaptation analysis run end to end on
+minuscule settings and report what they measured (no accuracy is asserted)."""
+import subprocess
+
+from tests.conftest import PYTHON, REPO, child_env
+
+
+def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
+    out = tmp_path / 'accuracy.md'
+    out.write_text('# Accuracy\n\nwritten by hand, kept\n')
+    result = subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--out', str(out)],
+                            cwd=REPO, env=child_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = out.read_text()
+    assert 'written by hand, kept' in text
+    for method in ('| linear probe |', '| full fine-tuning |', '| scale & shift |', 'LoRA (rank',
+                   'MoPPA units (paper init, raw heat)',
+                   'MoPPA + scale & shift (identity init, softplus heat)'):
+        assert method in text, method
+    rows = [line for line in text.splitlines() if line.startswith('| ') and '---' not in line]
+    assert len(rows) == 1 + 4 + 8  # header, four baselines, eight MoPPA variants
+    # the identity init leaves the pre-trained features exactly where they were
+    identity = [r for r in rows if 'identity init' in r]
+    assert all('| 0.0% |' in r for r in identity), identity
+    # a second run replaces the section instead of appending one
+    subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--methods', 'linear',
+                    '--out', str(out)], cwd=REPO, env=child_env(), check=True,
+                   capture_output=True, timeout=600)
+    text = out.read_text()
+    assert text.count('transfer.py: begin') == 1 and '| full fine-tuning |' not in text
+
+
+def test_adaptation_analysis_prints_the_table(tmp_path):
+    fig = tmp_path / 'fig1.png'
+    result = subprocess.run([PYTHON, 'tools/analysis/adaptation_analysis.py', '--depth', '1',
+                             '--iters', '2', '--trials', '2', '--fig', str(fig)],
+                            cwd=REPO, env=child_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert '| mean ± std |' in result.stdout and 'LoRA (rank 6' in result.stdout
+    assert result.stdout.count('MoPPA: MSE') == 2
+    assert fig.stat().st_size > 0
