@@ -45,7 +45,7 @@ fi
 "${PIP[@]}" -q -e "$ROOT[tests]"
 
 # 4. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
-#    imported (DESIGN.md §5): arm moppa_mm's import hook at interpreter start-up, so
+#    imported (README, "CPU-only quirks"): arm moppa_mm's import hook at interpreter start-up, so
 #    mmdet's and mmpretrain's own tools work too. A no-op where torchvision's ops load.
 "$VENV/bin/python" "$ROOT/moppa_mm/utils/startup.py"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"

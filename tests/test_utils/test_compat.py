@@ -1,4 +1,4 @@
-"""The CPU-only quirks of DESIGN.md §5, each handled by the package."""
+"""The CPU-only quirks (README, "CPU-only quirks"), each handled by the package."""
 import os.path as osp
 import pickle
 import subprocess
