@@ -3,7 +3,7 @@ model, and the three priors' responses to a point source (paper Fig. 2),
 computed by the operator itself (:class:`~moppa_mm.operators.MoPPAUnit`)."""
 import os
 import os.path as osp
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -143,5 +143,7 @@ def load_moppa_parameters(model: nn.Module, state_dict: Dict[str, torch.Tensor]
     if missing:
         raise KeyError(f'the checkpoint lacks {len(missing)} MoPPA parameters, '
                        f'e.g. {missing[:3]}: is it a checkpoint of this config?')
-    model.load_state_dict({k: state_dict[k] for k in wanted}, strict=False)
+    for name, unit in named_units(model):  # unit by unit: no other adapter needed
+        unit.load_state_dict({p: state_dict[f'{name}.{p}']
+                              for p, _ in unit.named_parameters()})
     return len(wanted)

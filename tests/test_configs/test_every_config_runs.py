@@ -34,7 +34,7 @@ SHAPES = ('square', 'circle', 'triangle')
 
 def test_every_family_is_covered():
     names = [osp.relpath(c, REPO) for c in CONFIGS]
-    assert len(names) == 57 + 10 + 1 + 3 + 1
+    assert len(names) == 57 + 10 + 1 + 3 + 2  # VTAB, FGVC, IN-1K, COCO, the two demos
     assert 'configs/moppa/moppa_vit-b-p16_in21k-augreg-pre_8xb64-110e_in1k.py' in names
 
 

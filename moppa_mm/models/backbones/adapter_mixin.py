@@ -6,6 +6,8 @@ from typing import Dict, Optional, Sequence, Tuple
 from mmengine.config import ConfigDict
 from mmengine.logging import print_log
 
+from moppa_mm.operators import MoPPAUnit
+from moppa_mm.operators.moppa_unit import FREQ_PARAMS
 from moppa_mm.utils.checkpoints import naming_checkpoint
 from moppa_mm.utils.params import matches, parameter_table
 
@@ -40,6 +42,10 @@ class AdapterMixin:
     BREAKDOWN: Sequence[Tuple[str, Tuple[str, ...], str]] = ()
     # base parameters that pre-trained releases legitimately lack (fnmatch)
     PRETRAINED_MAY_LACK: Tuple[str, ...] = ()
+    # whether the units' frequency maps saved on another grid are resized on
+    # load (the grid follows the image size) or refused (the grid is the scope's:
+    # a window, or a stage's map)
+    RESIZES_FREQUENCY_MAPS: bool = False
 
     def _register_state_dict_check(self) -> None:
         """Call at the end of ``__init__``: after the base classes' own pre-hooks
@@ -68,9 +74,23 @@ class AdapterMixin:
                     if k.startswith(prefix)}
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
+        # where the units' grid follows the image size (RESIZES_FREQUENCY_MAPS), a
+        # frequency map (grid, grid, heads) saved on another grid is resized by
+        # the unit itself when it loads it: only the heads must agree
+        resized_on_load = {f'{name}.{param}' for name, unit in self.named_modules()
+                           if isinstance(unit, MoPPAUnit)
+                           for param in FREQ_PARAMS if hasattr(unit, param)
+                           } if self.RESIZES_FREQUENCY_MAPS else set()
+
+        def fits(key, value):
+            if value.shape == own[key].shape:
+                return True
+            return key in resized_on_load and value.dim() == 3 and \
+                value.shape[2] == own[key].shape[2]
+
         mismatched = [f'{k}: {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} '
                       'in the model' for k, v in incoming.items()
-                      if k in own and hasattr(v, 'shape') and v.shape != own[k].shape]
+                      if k in own and hasattr(v, 'shape') and not fits(k, v)]
         if mismatched:
             raise PretrainedMismatchError(
                 f'{name}: {len(mismatched)} tensors of the state dict{where} do not '

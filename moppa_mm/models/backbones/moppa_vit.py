@@ -84,6 +84,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
             Defaults to True.
     """
 
+    RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
     ADAPTER_TYPES = (ViTMoPPAUnit, ScaleShift)
     BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
                  ('scale_shift', ('*ssf_*', ), 'scale & shift'),
