@@ -23,9 +23,10 @@ def run(args, timeout=600, **kwargs):
 
 
 def val_metrics(work_dir):
-    """The last validation metrics the training run logged."""
+    """The last validation metrics the training runs in ``work_dir`` logged
+    (run folders are timestamps: sorted, the latest run comes last)."""
     lines = []
-    for path in glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')):
+    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
         with open(path) as f:
             lines += [json.loads(line) for line in f]
     val = [line for line in lines if 'coco/bbox_mAP' in line]
