@@ -19,6 +19,7 @@ from mmpretrain.registry import MODELS
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.utils.params import set_trainable
 from ..layers import ScaleShift
+from ..layers.scale_shift import attach_scale_shift
 from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
 
 
@@ -107,7 +108,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
             layer.moppa.num_extra_tokens = self.num_extra_tokens
             layer.attn.register_forward_pre_hook(layer.moppa.attn_hook)
             if use_scale_shift:
-                self._add_scale_shift(layer)
+                attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
         if use_scale_shift:
             self.patch_embed.ssf_proj = ScaleShift(self.embed_dims, channel_dim=1)
             self.patch_embed.projection.register_forward_hook(
@@ -119,19 +120,6 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
             self._freeze_stages()
         self._register_state_dict_check()
-
-    def _add_scale_shift(self, layer: nn.Module) -> None:
-        dims = self.embed_dims
-        attn, ffn = layer.attn, layer.ffn
-        attn.ssf_value = ScaleShift(dims, offset=2 * dims)  # v of the fused qkv
-        attn.qkv.register_forward_hook(attn.ssf_value.output_hook)
-        attn.ssf_proj = ScaleShift(dims)
-        attn.proj.register_forward_hook(attn.ssf_proj.output_hook)
-        fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
-        ffn.ssf_fc1 = ScaleShift(fc1.out_features)
-        fc1.register_forward_hook(ffn.ssf_fc1.output_hook)
-        ffn.ssf_fc2 = ScaleShift(fc2.out_features)
-        fc2.register_forward_hook(ffn.ssf_fc2.output_hook)
 
     def _record_patch_grid(self, patch_embed, args, output):
         _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))
