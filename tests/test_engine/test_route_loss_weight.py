@@ -12,10 +12,9 @@ import os.path as osp
 
 import pytest
 from mmengine.config import Config
-from mmengine.logging import MessageHub
 from mmengine.runner import Runner
 
-from moppa_mm.demo_cls import DEMO_TASK, prepare_cls_demo
+from moppa_mm.demo_cls import prepare_cls_demo
 from moppa_mm.models.converters import convert, save_backbone
 from tests.conftest import REPO
 
