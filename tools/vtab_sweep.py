@@ -5,6 +5,7 @@ paper-shaped table (Markdown + CSV) with the paper's MoPPA row beside ours.
     python tools/vtab_sweep.py run --pretrain in21k-augreg [--gpus 8] [--tasks cifar dtd]
     # only gather the results of earlier runs
     python tools/vtab_sweep.py collect --pretrain in21k-augreg
+    # other backbones: --pretrain swin-b-p4-w7_in21k, --pretrain vit-l-p16_in21k
 
 Work dirs: <work-root>/<pretrain>/<task>/ (training) and .../<task>/test/ (test).
 Outputs: <out>.md and <out>.csv (default results/vtab1k_<pretrain>).
@@ -24,7 +25,7 @@ from moppa_mm.evaluation import vtab_table  # noqa: E402
 
 def config_path(pretrain: str, task: str) -> str:
     return osp.join(ROOT, 'configs', 'vtab1k',
-                    f'moppa_vit-b-p16_{pretrain}-pre_vtab1k-{task}.py')
+                    f'moppa_{vtab_table.config_stem(pretrain)}-pre_vtab1k-{task}.py')
 
 
 def run_task(pretrain, task, work_dir, gpus, extra):

@@ -23,9 +23,13 @@ test_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 # the optimizer holds what trains; no log line per frozen parameter
 optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')
 
+# w of the route regularisation (paper Eq. 13): RouteRegularizationHook reads
+# it from the config, so a child config or --cfg-options route_loss_weight=0.5
+# changes it
+route_loss_weight = 1.0
 custom_hooks = [
     dict(type='PEFTFreezeHook'),  # audits the frozen set, prints the table
-    dict(type='RouteRegularizationHook', loss_weight=1.0),
+    dict(type='RouteRegularizationHook'),  # w = route_loss_weight, read at train start
     dict(type='AdapterCheckpointHook'),  # checkpoints hold adapters + heads only
     dict(type='RNGStateHook'),  # an interrupted run resumes to the same result
     dict(type='PlainCheckpointHook'),  # checkpoints load with weights_only=True

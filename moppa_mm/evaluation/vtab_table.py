@@ -17,6 +17,11 @@ PAPER_MOPPA = {
                82.5, 64.5, 49.1, 83.2, 84.8, 53.6, 33.1, 45.4],
     'in21k-augreg': [79.7, 94.9, 78.3, 99.7, 92.4, 92.4, 57.5, 87.6, 96.1, 89.2,
                      76.4, 81.4, 63.7, 54.6, 83.3, 86.7, 56.2, 34.0, 43.1],
+    # other backbones (supplementary tables), keyed '<backbone>_<pre-training>'
+    'swin-b-p4-w7_in21k': [70.7, 93.9, 76.2, 99.7, 92.0, 90.0, 54.7, 87.3, 96.1,
+                           88.4, 76.9, 78.1, 59.9, 56.1, 84.0, 87.6, 54.9, 32.2, 38.4],
+    'vit-l-p16_in21k': [81.6, 95.5, 78.3, 99.6, 92.5, 92.2, 58.9, 88.3, 96.1, 89.1,
+                        76.4, 80.6, 63.7, 54.7, 83.6, 88.0, 56.2, 33.0, 44.3],
 }
 # ... and the group means / average / params the paper prints for them
 PAPER_SUMMARY = {
@@ -26,8 +31,19 @@ PAPER_SUMMARY = {
                    params=0.26),
     'in21k-augreg': dict(Natural=85.0, Specialized=87.3, Structured=62.9,
                          Average=76.2, params=0.26),
+    'swin-b-p4-w7_in21k': dict(Natural=82.5, Specialized=87.2, Structured=61.4,
+                               Average=74.6, params=0.39),
+    'vit-l-p16_in21k': dict(Natural=85.5, Specialized=87.5, Structured=63.0,
+                            Average=76.5, params=0.65),
 }
 PRETRAINS = tuple(PAPER_MOPPA)
+
+
+def config_stem(pretrain: str) -> str:
+    """``<backbone>_<pre-training>`` of a VTAB-1K config name
+    (``configs/vtab1k/moppa_<stem>-pre_vtab1k-<task>.py``): a bare pre-training
+    name is ViT-B/16's."""
+    return pretrain if '_' in pretrain else f'vit-b-p16_{pretrain}'
 
 
 def paper_results(pretrain: str) -> 'OrderedDict[str, float]':

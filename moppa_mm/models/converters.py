@@ -1,8 +1,10 @@
-"""Pre-trained ViT checkpoints into mmpretrain's ``VisionTransformer`` keys.
+"""Pre-trained checkpoints into mmpretrain's ``VisionTransformer`` and
+``SwinTransformer`` keys.
 
-Sources: the JAX/timm ImageNet-21K AugReg release (``.npz``),
-the MAE pre-train checkpoint (``{'model': ...}``, timm names) and MoCo v3
-(``{'state_dict': ...}``, ``module.base_encoder.`` prefix). Each function
+Sources: the JAX/timm ImageNet-21K release (``.npz``, ViT-B or ViT-L, AugReg or
+the original one), the MAE pre-train checkpoint (``{'model': ...}``, timm
+names), MoCo v3 (``{'state_dict': ...}``, ``module.base_encoder.`` prefix) and
+the official Swin release (``{'model': ...}``, ``layers.*``). Each function
 returns a backbone state dict (no prefix); :func:`save_backbone` writes it as
 ``{'state_dict': {'backbone.' + key: ...}}`` for
 ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
@@ -117,8 +119,37 @@ def jax_vit_to_mmpretrain(params: Mapping[str, np.ndarray]
     return out
 
 
+def swin_to_mmpretrain(checkpoint: Mapping) -> 'OrderedDict[str, torch.Tensor]':
+    """Official Swin release (``{'model': {'layers.*', 'patch_embed.proj.*',
+    'norm.*', 'head.*'}}``) -> mmpretrain ``SwinTransformer`` names.
+
+    mmdet's ``swin_converter`` does the renaming (``attn.`` -> ``attn.w_msa.``,
+    ``mlp.fc1`` -> ``ffn.layers.0.0``, ...) and reorders the patch-merging
+    weights from the release's strided slicing to ``nn.Unfold``'s channel
+    order, which mmpretrain's ``PatchMerging`` shares. Here the final ``norm``
+    becomes ``norm<last stage>`` (mmpretrain's Swin renames it itself only for
+    its own class, not for subclasses), and the classification head and the
+    ``attn_mask`` buffers (recomputed by the model) are dropped.
+    """
+    from mmdet.models.backbones.swin import swin_converter
+    state = checkpoint.get('model', checkpoint)
+    stages = {m.group(1) for k in state for m in [re.match(r'layers\.(\d+)\.', k)] if m}
+    if not stages or 'patch_embed.proj.weight' not in state:
+        raise KeyError('not an official Swin release checkpoint: expected '
+                       "'layers.<i>.*' and 'patch_embed.proj.weight' keys, got "
+                       f'{sorted(state)[:5]}')
+    last_norm = f'norm{max(int(i) for i in stages)}.'
+    converted = OrderedDict()
+    for key, value in swin_converter(state).items():  # 'backbone.' + key
+        key = key[len('backbone.'):]
+        if key.endswith('attn_mask'):
+            continue
+        converted[re.sub(r'^norm\.', last_norm, key)] = value
+    return converted
+
+
 CONVERTERS = {'jax': jax_vit_to_mmpretrain, 'mae': mae_to_mmpretrain,
-              'mocov3': mocov3_to_mmpretrain}
+              'mocov3': mocov3_to_mmpretrain, 'swin': swin_to_mmpretrain}
 
 
 def _load_npz(path: str) -> Dict[str, np.ndarray]:

@@ -14,7 +14,9 @@ CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=Tr
 def test_there_are_configs():
     names = [osp.relpath(c, REPO) for c in CONFIGS]
     assert 'configs/cascade_moppa_swin_b_coco.py' in names
-    assert len([n for n in names if n.startswith('configs/vtab1k/moppa_')]) == 57
+    assert len([n for n in names if n.startswith('configs/vtab1k/moppa_vit-b')]) == 57
+    assert len([n for n in names if n.startswith('configs/vtab1k/moppa_swin-b')]) == 19
+    assert len([n for n in names if n.startswith('configs/vtab1k/moppa_vit-l')]) == 19
     assert len([n for n in names if n.startswith('configs/fgvc/moppa_')]) == 10
 
 
@@ -27,6 +29,12 @@ def build_tiny(cfg):
         init_default_scope('mmpretrain')
         backbone.update(arch=dict(embed_dims=32, num_layers=1, num_heads=2,
                                   feedforward_channels=64), img_size=32, patch_size=16)
+        cfg.model.head.in_channels = 32
+    elif cfg.default_scope == 'mmpretrain':  # the classification Swin
+        from mmpretrain.registry import MODELS
+        init_default_scope('mmpretrain')
+        backbone.update(arch=dict(embed_dims=16, depths=[1, 1], num_heads=[1, 2]),
+                        img_size=56, out_indices=(1, ))
         cfg.model.head.in_channels = 32
     else:
         from mmdet.registry import MODELS

@@ -3,7 +3,8 @@ validation, through ``moppa_mm.utils.launch`` as ``tools/train.py`` does.
 
 Each config keeps its own data set class, pipeline (sizes shrunk), hooks,
 evaluator, optimizer and schedule; only the architecture is shrunk (a tiny ViT
-or the demo's tiny Swin, with tiny checkpoints in the formats the configs load),
+or the demo's tiny Swin for detection, a 2-stage Swin for classification, with
+tiny checkpoints in the formats the configs load),
 the data roots point at small generated data, and training stops after one
 epoch of one batch.
 """
@@ -17,11 +18,12 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from mmpretrain.models.backbones import VisionTransformer
+from mmpretrain.models.backbones import SwinTransformer, VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
 from moppa_mm.demo import prepare_demo
-from moppa_mm.models.converters import save_backbone
+from moppa_mm.models.converters import convert, save_backbone
+from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
 from moppa_mm.utils.launch import build_runner, load_config
 from tests.conftest import REPO
 
@@ -29,12 +31,14 @@ CONFIGS = sorted(
     path for path in glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)
     if '_base_' not in path.split(os.sep))
 VIT_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
+SWIN_ARCH = dict(embed_dims=16, depths=[2, 2], num_heads=[1, 2])  # 32 output dims
 SHAPES = ('square', 'circle', 'triangle')
 
 
 def test_every_family_is_covered():
     names = [osp.relpath(c, REPO) for c in CONFIGS]
-    assert len(names) == 57 + 10 + 1 + 3 + 2  # VTAB, FGVC, IN-1K, COCO, the two demos
+    # VTAB-1K ViT-B, Swin-B, ViT-L; FGVC; ImageNet; COCO; the two demos
+    assert len(names) == 57 + 19 + 19 + 10 + 1 + 3 + 2
     assert 'configs/moppa/moppa_vit-b-p16_in21k-augreg-pre_8xb64-110e_in1k.py' in names
 
 
@@ -87,6 +91,17 @@ def generated(tmp_path_factory):
     vit = VisionTransformer(arch=VIT_ARCH, img_size=32, patch_size=8)
     vit.init_weights()  # mmpretrain format: {'state_dict': {'backbone.' + key}}
     paths['vit'] = save_backbone(vit.state_dict(), osp.join(root, 'vit.pth'), 'test')
+
+    # mmpretrain's Swin as an official release file (final norm 'norm'), then
+    # through the 'swin' converter as the Swin-B configs' base says
+    swin = SwinTransformer(arch=SWIN_ARCH, img_size=56, window_size=7, out_indices=(1, ))
+    swin.init_weights()
+    state = {('norm.' + k[len('norm1.'):] if k.startswith('norm1.') else k): v
+             for k, v in swin.state_dict().items()}
+    official = osp.join(root, 'swin_official.pth')
+    torch.save({'model': mmdet_swin_to_official(state)}, official)
+    paths['swin_cls'] = save_backbone(convert(official, 'swin'),
+                                      osp.join(root, 'swin_cls.pth'), 'swin')
     return paths
 
 
@@ -116,9 +131,16 @@ def _loaders(cfg):
 
 
 def shrink_classifier(cfg, data):
-    cfg.model.backbone.update(arch=VIT_ARCH, img_size=32, patch_size=8,
-                              drop_path_rate=0.0)
-    cfg.model.backbone.init_cfg.checkpoint = data['vit']
+    if 'Swin' in cfg.model.backbone.type:  # 224 -> 56: 14x14 and 7x7 windows
+        cfg.model.backbone.update(arch=SWIN_ARCH, img_size=56, out_indices=(1, ),
+                                  drop_path_rate=0.0)
+        cfg.model.backbone.init_cfg.checkpoint = data['swin_cls']
+        image_factor = 1 / 4
+    else:
+        cfg.model.backbone.update(arch=VIT_ARCH, img_size=32, patch_size=8,
+                                  drop_path_rate=0.0)
+        cfg.model.backbone.init_cfg.checkpoint = data['vit']
+        image_factor = 1 / 7  # 224 -> 32
     cfg.model.head.in_channels = 32
     for loader in _loaders(cfg):
         dataset = loader.dataset
@@ -129,7 +151,7 @@ def shrink_classifier(cfg, data):
         else:
             assert dataset.type == 'ImageNet', dataset.type
             dataset.data_root = data['imagenet']
-        _shrink_sizes(dataset.pipeline, 1 / 7, 8)  # 224 -> 32
+        _shrink_sizes(dataset.pipeline, image_factor, 8)
 
 
 def shrink_detector(cfg, data):
@@ -160,7 +182,7 @@ def shrink_detector(cfg, data):
 def test_config_trains_one_iteration_and_validates(generated, tmp_path, path):
     # yapf formatting of the logged and dumped config would take most of the time
     cfg = load_config(path, work_dir=str(tmp_path), format_python_code=False)
-    if 'VisionTransformer' in cfg.model.backbone.type:
+    if cfg.default_scope == 'mmpretrain':
         shrink_classifier(cfg, generated)
         metric = 'val/accuracy/top1'
     else:

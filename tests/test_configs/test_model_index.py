@@ -6,7 +6,7 @@ from statistics import mean
 from mmengine.fileio import load
 
 from moppa_mm.datasets import VTAB_TASKS
-from moppa_mm.evaluation.vtab_table import PAPER_MOPPA
+from moppa_mm.evaluation.vtab_table import PAPER_MOPPA, config_stem
 from tests.conftest import REPO
 
 
@@ -40,7 +40,7 @@ def test_results_are_the_papers():
     models = {m['Name']: m for m in index_models()}
     for pretrain, row in PAPER_MOPPA.items():
         for task, paper in zip(VTAB_TASKS, row):
-            assert top1(models[f'moppa_vit-b-p16_{pretrain}-pre_vtab1k-{task}']) == paper
+            assert top1(models[f'moppa_{config_stem(pretrain)}-pre_vtab1k-{task}']) == paper
     fgvc = ('cub', 'nabirds', 'oxford_flowers', 'stanford_dogs', 'stanford_cars')
     for pretrain, paper_average in (('mae', 84.1), ('in21k', 91.0)):  # Table 3
         ours = [top1(models[f'moppa_vit-b-p16_{pretrain}-pre_fgvc-{d}']) for d in fgvc]

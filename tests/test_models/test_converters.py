@@ -29,9 +29,9 @@ LISTED_TIMM = {
 }
 
 
-def reference_vit():
+def reference_vit(**tiny):
     torch.manual_seed(0)
-    vit = VisionTransformer(**TINY)
+    vit = VisionTransformer(**(tiny or TINY))
     with torch.no_grad():
         for p in vit.parameters():
             p.normal_()
@@ -52,7 +52,7 @@ def to_timm(state):
     return inverse
 
 
-def to_jax(state, heads=4):
+def to_jax(state, heads=4, num_layers=ARCH['num_layers']):
     """mmpretrain -> Flax AugReg names and layouts, written independently."""
     dims = ARCH['embed_dims']
     head_dims = dims // heads
@@ -65,7 +65,7 @@ def to_jax(state, heads=4):
         'Transformer/encoder_norm/bias': state['ln1.bias'].numpy(),
         'head/kernel': np.zeros((dims, 10)), 'head/bias': np.zeros(10),
     }
-    for i in range(ARCH['num_layers']):
+    for i in range(num_layers):
         b, l = f'Transformer/encoderblock_{i}/', f'layers.{i}.'
         npz[b + 'LayerNorm_0/scale'] = state[l + 'ln1.weight'].numpy()
         npz[b + 'LayerNorm_0/bias'] = state[l + 'ln1.bias'].numpy()
@@ -86,8 +86,8 @@ def to_jax(state, heads=4):
     return npz
 
 
-def assert_loads_exactly(converted, reference):
-    model = MoPPAVisionTransformer(**TINY)
+def assert_loads_exactly(converted, reference, **tiny):
+    model = MoPPAVisionTransformer(**(tiny or TINY))
     missing, unexpected = model.load_state_dict(converted, strict=False)
     assert unexpected == []
     assert missing and all('moppa' in k or 'ssf_' in k for k in missing), missing
@@ -115,6 +115,25 @@ def test_jax_augreg_npz(tmp_path):
     path = tmp_path / 'ViT-B_16-augreg.npz'
     np.savez(path, **to_jax(reference))
     assert_loads_exactly(convert(str(path), 'jax'), reference)
+
+
+def test_jax_vit_l_release_layout(tmp_path):
+    """The original ImageNet-21K ViT-L/16 file (``ViT-L_16.npz``): the same
+    names as ViT-B, 24 blocks (two-digit block indices), a ``pre_logits``
+    representation layer and a 21K head, which the backbone does not use.
+    Tested at the tests' tiny width with 12 blocks."""
+    tiny = dict(TINY, arch=dict(ARCH, num_layers=12))
+    reference = reference_vit(**tiny)
+    npz = to_jax(reference, num_layers=12)
+    dims = ARCH['embed_dims']
+    npz.update({'pre_logits/kernel': np.zeros((dims, dims)),
+                'pre_logits/bias': np.zeros(dims),
+                'head/kernel': np.zeros((dims, 21843)), 'head/bias': np.zeros(21843)})
+    path = tmp_path / 'ViT-L_16.npz'
+    np.savez(path, **npz)
+    converted = convert(str(path), 'jax')
+    assert 'layers.11.attn.qkv.weight' in converted and 'layers.12.ln1.weight' not in converted
+    assert_loads_exactly(converted, reference, **tiny)
 
 
 def test_mae_pretrain_checkpoint(tmp_path):

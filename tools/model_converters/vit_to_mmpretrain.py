@@ -1,10 +1,14 @@
-"""Convert a pre-trained ViT checkpoint into mmpretrain's keys for MoPPA configs.
+"""Convert a pre-trained ViT or Swin checkpoint into mmpretrain's keys for MoPPA configs.
 
-    python tools/model_converters/vit_to_mmpretrain.py jax    ViT-B_16-augreg.npz   vit-b16_in21k-augreg.pth
-    python tools/model_converters/vit_to_mmpretrain.py mae    mae_pretrain_vit_base.pth  vit-b16_mae.pth
-    python tools/model_converters/vit_to_mmpretrain.py mocov3 vit-b-300ep.pth.tar   vit-b16_mocov3.pth
+    python tools/model_converters/vit_to_mmpretrain.py SOURCE SRC DST
 
-The output loads with ``init_cfg=dict(type='Pretrained', checkpoint=OUT, prefix='backbone.')``.
+    SOURCE  SRC (local file)                        DST (e.g.)
+    jax     ViT-B_16-augreg.npz (or ViT-L_16.npz)   vit-b16_in21k-augreg.pth
+    mae     mae_pretrain_vit_base.pth               vit-b16_mae.pth
+    mocov3  vit-b-300ep.pth.tar                     vit-b16_mocov3.pth
+    swin    swin_base_patch4_window7_224_22k.pth    swin-b-p4-w7_in21k.pth
+
+The output loads with ``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')``.
 """
 import argparse
 

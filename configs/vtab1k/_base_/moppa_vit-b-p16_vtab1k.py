@@ -81,9 +81,13 @@ auto_scale_lr = dict(base_batch_size=64)
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
     checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=1))
+# w of the route regularisation (paper Eq. 13): RouteRegularizationHook reads
+# it from the config, so a child config or --cfg-options route_loss_weight=0.5
+# changes it
+route_loss_weight = 1.0
 custom_hooks = [
     dict(type='PEFTFreezeHook'),
-    dict(type='RouteRegularizationHook', loss_weight=1.0),
+    dict(type='RouteRegularizationHook'),  # w = route_loss_weight, read at train start
     dict(type='AdapterCheckpointHook'),  # ~1 MB per task instead of ~330 MB
     dict(type='RNGStateHook'),
     dict(type='PlainCheckpointHook'),  # checkpoints load with weights_only=True

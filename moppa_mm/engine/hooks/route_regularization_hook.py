@@ -49,8 +49,19 @@ class RouteRegularizationHook(Hook):
     and in TensorBoard / W&B when the config's ``visualizer`` has those
     backends, not in the text log.
 
+    ``w`` is the config's top-level ``route_loss_weight`` (1.0 if it has
+    none) unless ``loss_weight`` is given: the hook reads it from
+    ``runner.cfg`` when training starts, so ``--cfg-options
+    route_loss_weight=0.5`` and a child config's ``route_loss_weight = 0.5``
+    take effect (a top-level variable used inside ``custom_hooks`` would have
+    been substituted when the base was parsed). A model without MoPPA units (a
+    backbone built with ``use_moppa=False``) gets no loss term: the hook warns
+    and does nothing.
+
     Args:
-        loss_weight (float): ``w``. Defaults to 1.0.
+        loss_weight (float, optional): ``w``. Defaults to the config's
+            ``route_loss_weight``, else 1.0. Given together with a different
+            ``route_loss_weight``, it is an error.
         by_epoch (bool, optional): Schedule on epochs (True) or iterations
             (False). Defaults to the train loop's own kind.
         log_interval (int, optional): Iterations between route-weight logs.
@@ -59,24 +70,46 @@ class RouteRegularizationHook(Hook):
 
     priority = 'NORMAL'
 
-    def __init__(self, loss_weight: float = 1.0,
+    def __init__(self, loss_weight: Optional[float] = None,
                  by_epoch: Optional[bool] = None,
                  log_interval: Optional[int] = None) -> None:
-        assert loss_weight >= 0, f'loss_weight must be >= 0, got {loss_weight}'
+        assert loss_weight is None or loss_weight >= 0, \
+            f'loss_weight must be >= 0, got {loss_weight}'
         assert log_interval is None or log_interval >= 0, \
             f'log_interval must be >= 0, got {log_interval}'
         self.loss_weight = loss_weight
         self.by_epoch = by_epoch
         self.log_interval = log_interval
         self.current_weight = loss_weight
+        self.active = False  # set when training starts on a model with units
         self._handle = None
+
+    def _resolve_loss_weight(self, runner) -> float:
+        config_weight = runner.cfg.get('route_loss_weight')
+        if self.loss_weight is None:
+            weight = 1.0 if config_weight is None else config_weight
+        elif config_weight is not None and config_weight != self.loss_weight:
+            raise ValueError(
+                f'RouteRegularizationHook: loss_weight={self.loss_weight} in '
+                f'custom_hooks and route_loss_weight={config_weight} in the '
+                'config disagree; set only route_loss_weight (the hook reads it)')
+        else:
+            weight = self.loss_weight
+        if not isinstance(weight, (int, float)) or weight < 0:
+            raise ValueError(f'route_loss_weight must be a number >= 0, got {weight!r}')
+        return float(weight)
 
     def before_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        self.loss_weight = self._resolve_loss_weight(runner)
+        self.current_weight = self.loss_weight
         num_units = len(moppa_units(model))
-        assert num_units > 0, (f'RouteRegularizationHook: {type(model).__name__} '
-                               'holds no MoPPA unit; remove the hook or use a '
-                               'MoPPA backbone')
+        if num_units == 0:
+            runner.logger.warning(
+                f'RouteRegularizationHook: {type(model).__name__} holds no MoPPA '
+                'unit (use_moppa=False?): no route regularisation is added')
+            return
+        self.active = True
         if self.by_epoch is None:
             self.by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
         if self.log_interval is None:
@@ -96,11 +129,13 @@ class RouteRegularizationHook(Hook):
         runner.message_hub.update_scalar('train/route_weight', self.current_weight)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        self._update_weight(runner)
+        if self.active:
+            self._update_weight(runner)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs=None) -> None:
-        if self.log_interval and self.every_n_train_iters(runner, self.log_interval):
+        if self.active and self.log_interval and \
+                self.every_n_train_iters(runner, self.log_interval):
             model = runner.model.module if is_model_wrapper(runner.model) \
                 else runner.model
             runner.visualizer.add_scalars(mean_route_weights(model),
@@ -118,3 +153,4 @@ class RouteRegularizationHook(Hook):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        self.active = False

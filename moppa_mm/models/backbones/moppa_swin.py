@@ -4,164 +4,48 @@ A subclass of mmdet's ``SwinTransformer``: after ``super().__init__()`` every
 block gets a MoPPA unit before its (shifted-)window attention and a 3x3 conv
 adapter before its FFN (on the output of ``norm2``). They are wired in with hooks, so none of the
 base class's parameter names change and official checkpoints (and mmdet's Swin
-key conversion) load as they are; only adapter keys are new.
+key conversion) load as they are; only adapter keys are new. The wiring is
+shared with the MMPretrain MoPPA Swin (:mod:`.swin_adapters`).
 """
 from typing import Optional
 
-import torch.nn as nn
 from mmdet.models.backbones import SwinTransformer
 from mmdet.registry import MODELS
 
-from moppa_mm.operators import MoPPAUnit
-from moppa_mm.utils.params import set_trainable
-from ..layers import ConvAdapter
-from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
+from .swin_adapters import SCOPES, SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit
 
-SCOPES = ('window', 'global')
-
-
-class SwinMoPPAUnit(MoPPAUnit):
-    """A :class:`MoPPAUnit` with the forward pre-hooks that put it in a Swin
-    block. The hooks are bound methods, so ``copy.deepcopy`` of the backbone
-    (EMA, for one) rewires them to the copied units."""
-
-    enabled = True
-
-    def window_hook(self, w_msa: nn.Module, args: tuple):
-        """Before ``WindowMSA``: on the (shifted) windows the attention sees."""
-        if not self.enabled:
-            return None
-        windows, *rest = args  # (B*nW, Wh*Ww, C)
-        num_windows, _, channels = windows.shape
-        windows = self(windows.view(num_windows, *self.grid_size,
-                                    channels))  # (B*nW, Wh, Ww, C)
-        return (windows.view(num_windows, -1, channels), *rest)
-
-    def global_hook(self, attn: nn.Module, args: tuple):
-        """Before ``ShiftWindowMSA``: on the block's whole feature map."""
-        if not self.enabled:
-            return None
-        query, hw_shape = args  # (B, H*W, C), (H, W)
-        batch, _, channels = query.shape
-        query = self(query.view(batch, *hw_shape, channels))  # (B, H, W, C)
-        return query.view(batch, -1, channels), hw_shape
-
-
-class SwinConvAdapter(ConvAdapter):
-    """A :class:`ConvAdapter` with the hooks that put it before a Swin FFN.
-
-    It transforms the output of the block's ``norm2``, which only the FFN reads,
-    so it can recompute that output from the norm's input in backward instead
-    of saving it (:meth:`ConvAdapter.forward_after_norm`)."""
-
-    enabled = True
-
-    _grid = None  # (H, W) handed from the attention call to norm2, used once
-
-    def attn_hook(self, attn: nn.Module, args: tuple):
-        """Before ``ShiftWindowMSA.forward(query, hw_shape)``: hand the grid to
-        the ``norm2`` call that follows in the same block forward.
-
-        Both calls happen inside the block's inner forward, so a gradient
-        checkpoint's recompute repeats them in the same order, with the grid of
-        the forward being recomputed (a pre-hook on the block would not run
-        again there)."""
-        self._grid = tuple(args[1])
-        return None
-
-    def norm_hook(self, norm: nn.Module, args: tuple, output):
-        """After ``norm2``, i.e. right before ``FFN.forward(x, identity)``."""
-        grid, self._grid = self._grid, None
-        if not self.enabled:
-            return None
-        if grid is None:
-            raise RuntimeError(
-                'SwinConvAdapter: norm2 ran without the attention call before it '
-                'in the same block forward, so the token grid is unknown; call '
-                'the whole SwinBlock')
-        batch, _, channels = output.shape  # (B, H*W, C)
-        x = output.view(batch, *grid, channels)  # (B, H, W, C)
-        return self.forward_after_norm(x, args[0], norm).view(batch, -1, channels)
+__all__ = ['MoPPASwinTransformer', 'SwinMoPPAUnit', 'SwinConvAdapter', 'SCOPES']
 
 
 @MODELS.register_module()
-class MoPPASwinTransformer(AdapterMixin, SwinTransformer):
+class MoPPASwinTransformer(SwinAdapterMixin, SwinTransformer):
     """Swin Transformer with MoPPA units and conv adapters in every block.
 
-    All arguments of mmdet's ``SwinTransformer`` are accepted, plus:
-
-    Args:
-        moppa_scope (str): Where the unit's DCT runs. ``'window'`` (default): on
-            the same (shifted) windows the attention sees, so ``L`` is the
-            window's token count as in the paper's parameter formula, and no
-            resizing is needed. ``'global'``: on the block's whole feature map,
-            with frequency parameters on a reference grid (the stage's grid at
-            ``pretrain_img_size``) resized to the runtime grid.
-        moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
-            (``eta``, ``share_time``, ``experts``, ``resize_mode``, ...). The
-            unit uses the stage's attention heads as its heads.
-        adapter_ratio (float): Bottleneck of the conv adapter,
-            ``hidden = round(C / adapter_ratio)``. The default 7.25 puts Swin-B's
-            trainable backbone parameters (window 7) at 3.21M, +0.8% of the
-            paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M).
-        use_conv_adapter (bool): Add the conv adapters. Defaults to True.
-        freeze_pretrained (bool): Freeze every parameter except the adapters
-            when built, so that DDP sees the final trainable set. Defaults to True.
+    All arguments of mmdet's ``SwinTransformer`` are accepted, plus those of
+    :class:`SwinAdapterMixin` (``moppa_scope``, ``moppa_cfg``,
+    ``adapter_ratio``, ``use_moppa``, ``use_conv_adapter``,
+    ``use_scale_shift``, ``freeze_pretrained``). Defaults: window scope, MoPPA
+    units and conv adapters, no scale & shift. The default ``adapter_ratio``
+    7.25 puts Swin-B's trainable backbone parameters (window 7) at 3.21M, +0.8%
+    of the paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M). The global
+    scope's reference grid is the stage's grid at ``pretrain_img_size``.
     """
 
-    ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter)
     PRETRAINED_MAY_LACK = ('norm[0-9]*', )  # mmdet's per-stage output norms
-    BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
-                 ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
-                 ('pretrained', ('*', ), 'pre-trained Swin'))
+    IMG_SIZE_ARG = 'pretrain_img_size'
 
     def __init__(self,
                  *args,
                  moppa_scope: str = 'window',
                  moppa_cfg: Optional[dict] = None,
                  adapter_ratio: float = 7.25,
+                 use_moppa: bool = True,
                  use_conv_adapter: bool = True,
+                 use_scale_shift: bool = False,
                  freeze_pretrained: bool = True,
                  **kwargs) -> None:
-        if moppa_scope not in SCOPES:
-            raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
-                             f'of {SCOPES}')
-        if adapter_ratio <= 0:
-            raise ValueError(f'adapter_ratio must be > 0, got {adapter_ratio}')
-        moppa_cfg = self._check_moppa_cfg(moppa_cfg, kwargs)
-        super().__init__(*args, **kwargs)
-        self.moppa_scope = moppa_scope
-        self.moppa_cfg = moppa_cfg
-        self.adapter_ratio = adapter_ratio
-        self.use_conv_adapter = use_conv_adapter
-        pretrain_size = kwargs.get('pretrain_img_size', 224)
-        pretrain_size = pretrain_size if isinstance(pretrain_size, int) \
-            else pretrain_size[0]
-        patch_size = kwargs.get('patch_size', 4)
-        for stage_idx, stage in enumerate(self.stages):
-            global_grid = max(pretrain_size // (patch_size * 2**stage_idx), 1)
-            for block in stage.blocks:
-                self._add_adapters(block, global_grid)
-        if freeze_pretrained:
-            set_trainable(self, trainable=ADAPTER_PATTERNS)
-        self._register_state_dict_check()
-
-    # ------------------------------------------------------------ wiring
-    def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
-        w_msa = block.attn.w_msa
-        embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
-        if self.moppa_scope == 'window':
-            grid = tuple(w_msa.window_size)  # (Wh, Ww)
-            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid, **self.moppa_cfg)
-            w_msa.register_forward_pre_hook(block.moppa.window_hook)
-        else:
-            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, global_grid,
-                                        **self.moppa_cfg)
-            block.attn.register_forward_pre_hook(block.moppa.global_hook)
-        if self.use_conv_adapter:
-            hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
-            block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
-            # norm2's output feeds only the FFN; the grid comes from the
-            # attention call of the same block forward
-            block.attn.register_forward_pre_hook(block.conv_adapter.attn_hook)
-            block.norm2.register_forward_hook(block.conv_adapter.norm_hook)
+        super().__init__(*args, moppa_scope=moppa_scope, moppa_cfg=moppa_cfg,
+                         adapter_ratio=adapter_ratio, use_moppa=use_moppa,
+                         use_conv_adapter=use_conv_adapter,
+                         use_scale_shift=use_scale_shift,
+                         freeze_pretrained=freeze_pretrained, **kwargs)

@@ -19,6 +19,7 @@ from mmpretrain.registry import MODELS
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.utils.params import set_trainable
 from ..layers import ScaleShift
+from ..layers.scale_shift import attach_scale_shift
 from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
 
 
@@ -78,6 +79,8 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
             (``eta``, ``share_time``, ``experts``, ``resize_mode``, ...).
         moppa_heads (int, optional): MoPPA heads; defaults to the attention's.
+        use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
+            ablation; the scale & shift adapters stay). Defaults to True.
         use_scale_shift (bool): Add the scale & shift adapters. Defaults to True.
         freeze_pretrained (bool): Freeze everything except the adapters when
             built (the head lives outside the backbone and stays trainable).
@@ -94,45 +97,36 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                  *args,
                  moppa_cfg: Optional[dict] = None,
                  moppa_heads: Optional[int] = None,
+                 use_moppa: bool = True,
                  use_scale_shift: bool = True,
                  freeze_pretrained: bool = True,
                  **kwargs) -> None:
         moppa_cfg = self._check_moppa_cfg(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
         self.moppa_cfg = moppa_cfg
+        self.use_moppa = use_moppa
         self.use_scale_shift = use_scale_shift
         grid = tuple(self.patch_embed.init_out_size)  # (H, W) at img_size
         for layer in self.layers:
-            heads = moppa_heads or layer.attn.num_heads
-            layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid, **moppa_cfg)
-            layer.moppa.num_extra_tokens = self.num_extra_tokens
-            layer.attn.register_forward_pre_hook(layer.moppa.attn_hook)
+            if use_moppa:
+                heads = moppa_heads or layer.attn.num_heads
+                layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid, **moppa_cfg)
+                layer.moppa.num_extra_tokens = self.num_extra_tokens
+                layer.attn.register_forward_pre_hook(layer.moppa.attn_hook)
             if use_scale_shift:
-                self._add_scale_shift(layer)
+                attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
         if use_scale_shift:
             self.patch_embed.ssf_proj = ScaleShift(self.embed_dims, channel_dim=1)
             self.patch_embed.projection.register_forward_hook(
                 self.patch_embed.ssf_proj.output_hook)
-        self.patch_embed.register_forward_hook(self._record_patch_grid)
-        self.register_forward_hook(self._clear_patch_grid)
+        if use_moppa:
+            self.patch_embed.register_forward_hook(self._record_patch_grid)
+            self.register_forward_hook(self._clear_patch_grid)
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS)
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
             self._freeze_stages()
         self._register_state_dict_check()
-
-    def _add_scale_shift(self, layer: nn.Module) -> None:
-        dims = self.embed_dims
-        attn, ffn = layer.attn, layer.ffn
-        attn.ssf_value = ScaleShift(dims, offset=2 * dims)  # v of the fused qkv
-        attn.qkv.register_forward_hook(attn.ssf_value.output_hook)
-        attn.ssf_proj = ScaleShift(dims)
-        attn.proj.register_forward_hook(attn.ssf_proj.output_hook)
-        fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
-        ffn.ssf_fc1 = ScaleShift(fc1.out_features)
-        fc1.register_forward_hook(ffn.ssf_fc1.output_hook)
-        ffn.ssf_fc2 = ScaleShift(fc2.out_features)
-        fc2.register_forward_hook(ffn.ssf_fc2.output_hook)
 
     def _record_patch_grid(self, patch_embed, args, output):
         _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))

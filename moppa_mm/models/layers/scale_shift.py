@@ -50,3 +50,19 @@ class ScaleShift(nn.Module):
 
     def extra_repr(self) -> str:
         return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'
+
+
+def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
+    """Scale & shift the value part of ``attn.qkv`` (a fused q, k, v
+    projection), ``attn.proj`` and both layers of ``ffn`` (mmcv's ``FFN``), as
+    ``attn.ssf_value``, ``attn.ssf_proj``, ``ffn.ssf_fc1`` and ``ffn.ssf_fc2``
+    (forward hooks: the hooked layers keep their parameter names)."""
+    attn.ssf_value = ScaleShift(dims, offset=2 * dims)  # v of the fused qkv
+    attn.qkv.register_forward_hook(attn.ssf_value.output_hook)
+    attn.ssf_proj = ScaleShift(dims)
+    attn.proj.register_forward_hook(attn.ssf_proj.output_hook)
+    fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
+    ffn.ssf_fc1 = ScaleShift(fc1.out_features)
+    fc1.register_forward_hook(ffn.ssf_fc1.output_hook)
+    ffn.ssf_fc2 = ScaleShift(fc2.out_features)
+    fc2.register_forward_hook(ffn.ssf_fc2.output_hook)

@@ -231,3 +231,16 @@ def test_conv_adapter_needs_the_attention_call_of_its_block():
     block = moppa.stages[0].blocks[0]
     with pytest.raises(RuntimeError, match='norm2 ran without the attention call'):
         block.norm2(torch.randn(1, 49, 16))
+
+
+@pytest.mark.parametrize('scope', ['window', 'global'])
+def test_without_moppa_keeps_the_conv_adapters(scope):
+    """``use_moppa=False``: no unit, the conv adapters stay (zero-init ``up``:
+    the plain Swin's output)."""
+    plain, model = plain_and_moppa(moppa_scope=scope, use_moppa=False)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all('.conv_adapter.' in n for n in names)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        for got, want in zip(model(x), plain(x)):
+            torch.testing.assert_close(got, want)

@@ -233,3 +233,15 @@ def test_checkpoint_at_224_loads_into_384():
         expected = resize_frequency_map(saved[key].permute(2, 0, 1), (24, 24))
         torch.testing.assert_close(at_384.state_dict()[key], expected.permute(1, 2, 0),
                                    atol=0, rtol=0)
+
+
+def test_without_moppa_only_scale_shift():
+    """``use_moppa=False`` (the paper's "w/o MoPPA" ablation): no unit, the
+    scale & shift stay; with them at identity it is the plain ViT."""
+    plain, model = plain_and_moppa(use_moppa=False)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all('ssf_' in n for n in names)
+    assert not any('moppa' in n for n, _ in model.named_parameters())
+    x = torch.randn(2, 3, 40, 24)  # any grid: no unit needs one
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], plain(x)[0])

@@ -1,0 +1,145 @@
+"""The MoPPA Swin in mmpretrain's registry: in an ImageClassifier, official
+release checkpoints through the ``swin`` converter, the switches, the budget."""
+import pytest
+import torch
+from mmdet.registry import MODELS as DET_MODELS
+from mmpretrain.models.backbones import SwinTransformer
+from mmpretrain.registry import MODELS
+
+from moppa_mm.datasets import VTAB_TASKS
+from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
+from moppa_mm.models.backbones.adapter_mixin import (PretrainedMismatchError,
+                                                     is_adapter_key)
+from moppa_mm.models.converters import convert, save_backbone, swin_to_mmpretrain
+from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
+
+ARCH = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4))
+TINY = dict(arch=ARCH, img_size=56, window_size=7, out_indices=(1, ))
+
+
+def plain_swin():
+    torch.manual_seed(0)
+    plain = SwinTransformer(**TINY)
+    with torch.no_grad():
+        for param in plain.parameters():
+            param.normal_(std=0.1)
+    plain.eval()  # mmpretrain's Swin.train() returns None
+    return plain
+
+
+def official_release(plain):
+    """An official Swin release file's content: ``norm`` (not ``norm1``),
+    ``layers.*`` with the release's patch-merging order, a 21K head and the
+    ``attn_mask`` buffers of shifted blocks."""
+    state = {('norm.' + k[len('norm1.'):] if k.startswith('norm1.') else k): v
+             for k, v in plain.state_dict().items()}
+    official = mmdet_swin_to_official(state)
+    official['head.weight'] = torch.zeros(21841, 32)
+    official['head.bias'] = torch.zeros(21841)
+    official['layers.0.blocks.1.attn_mask'] = torch.zeros(4, 49, 49)
+    return {'model': official}
+
+
+def test_registered_in_mmpretrain_under_the_detection_name():
+    assert MODELS.get('MoPPASwinTransformer') is MoPPASwinTransformerCls
+    assert DET_MODELS.get('MoPPASwinTransformer') is MoPPASwinTransformer
+
+
+def test_trains_a_step_in_an_image_classifier():
+    classifier = MODELS.build(dict(
+        type='ImageClassifier',
+        backbone=dict(type='MoPPASwinTransformer', **TINY),
+        neck=dict(type='GlobalAveragePooling'),
+        head=dict(type='LinearClsHead', num_classes=5, in_channels=32,
+                  loss=dict(type='CrossEntropyLoss')),
+        data_preprocessor=dict(type='ClsDataPreprocessor', num_classes=5)))
+    assert isinstance(classifier.backbone, MoPPASwinTransformerCls)
+    classifier.init_weights()
+    trainable = {n for n, p in classifier.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith('head.') or is_adapter_key(n[len('backbone.'):])
+                             for n in trainable)
+    assert any('.moppa.' in n for n in trainable) and any('ssf_' in n for n in trainable)
+    from mmpretrain.structures import DataSample
+    data = dict(inputs=[torch.randint(0, 255, (3, 56, 56), dtype=torch.uint8)
+                        for _ in range(2)],
+                data_samples=[DataSample().set_gt_label(i) for i in (1, 3)])
+    optimizer = torch.optim.SGD([p for p in classifier.parameters() if p.requires_grad],
+                                lr=0.1)
+    before = {n: p.detach().clone() for n, p in classifier.named_parameters()}
+    losses = classifier(**classifier.data_preprocessor(data, True), mode='loss')
+    losses['loss'].backward()
+    optimizer.step()
+    assert torch.isfinite(losses['loss'])
+    changed = {n for n, p in classifier.named_parameters()
+               if not torch.equal(p, before[n])}
+    assert changed and changed <= trainable
+    assert any('.ssf_' in n for n in changed) and 'head.fc.weight' in changed
+
+
+def test_official_release_loads_through_the_swin_converter(tmp_path):
+    plain = plain_swin()
+    source = tmp_path / 'swin_base_patch4_window7_224_22k.pth'
+    torch.save(official_release(plain), source)
+    converted = convert(str(source), 'swin')
+    assert 'norm1.weight' in converted and 'head.weight' not in converted
+    assert not any(k.endswith('attn_mask') for k in converted)
+    path = save_backbone(converted, str(tmp_path / 'swin_mmpretrain.pth'), 'swin')
+    model = MoPPASwinTransformerCls(**TINY, init_cfg=dict(
+        type='Pretrained', checkpoint=path, prefix='backbone.'))
+    model.init_weights()  # the state-dict check: every base parameter restored
+    own = model.state_dict()
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(own[key], value, msg=key)
+    # the patch-merging order too: with the adapters off, the plain Swin's output
+    model.eval()
+    model.adapters_enabled = False
+    image = torch.randn(1, 3, 56, 56)
+    torch.testing.assert_close(model(image)[0], plain(image)[0])
+
+
+def test_state_dict_check_names_a_release_without_its_final_norm(tmp_path):
+    release = official_release(plain_swin())
+    del release['model']['norm.weight']
+    path = save_backbone(swin_to_mmpretrain(release), str(tmp_path / 'x.pth'))
+    model = MoPPASwinTransformerCls(**TINY, init_cfg=dict(
+        type='Pretrained', checkpoint=path, prefix='backbone.'))
+    with pytest.raises(PretrainedMismatchError, match='missing: norm1.weight'):
+        model.init_weights()
+
+
+def test_swin_converter_rejects_other_files():
+    with pytest.raises(KeyError, match='not an official Swin release'):
+        swin_to_mmpretrain({'state_dict': {'backbone.stages.0.x': torch.zeros(1)}})
+
+
+def test_without_moppa_keeps_the_other_adapters():
+    model = MoPPASwinTransformerCls(**TINY, use_moppa=False, use_conv_adapter=True)
+    names = [n for n, _ in model.named_parameters()]
+    assert not any('moppa' in n for n in names)
+    assert any('conv_adapter' in n for n in names) and any('ssf_' in n for n in names)
+    plain = plain_swin()
+    model.load_state_dict(plain.state_dict(), strict=False)
+    model.eval()
+    model.adapters_enabled = False
+    image = torch.randn(1, 3, 56, 56)
+    torch.testing.assert_close(model(image)[0], plain(image)[0])
+
+
+def test_swin_b_vtab_budget():
+    """Swin-B, window 7: MoPPA units + scale & shift, and the VTAB-1K head
+    (mean over the 19 tasks) against the paper's 0.39M."""
+    model = MoPPASwinTransformerCls(arch='b', img_size=224, window_size=7)
+    counts = model.parameter_breakdown()
+    print('\n' + model.parameter_report())
+    depths, heads, dims = [2, 2, 18, 2], [4, 8, 16, 32], [128, 256, 512, 1024]
+    assert counts['moppa']['trainable'] == sum(
+        d * (3 * (49 * n + c // n) + 3) for d, n, c in zip(depths, heads, dims))
+    # value + output projection + fc1 (4C) + fc2, scale and shift; patch embedding
+    assert counts['scale_shift']['trainable'] == 2 * (
+        sum(d * 7 * c for d, c in zip(depths, dims)) + 128)
+    assert counts['conv_adapter']['total'] == 0
+    assert counts['pretrained']['trainable'] == 0
+    head = 1025 * sum(VTAB_TASKS.values()) / len(VTAB_TASKS)
+    with_head = counts['total']['trainable'] + head
+    print(f'trainable with the VTAB head: {with_head / 1e6:.3f}M (paper 0.39M)')
+    assert round(with_head / 1e6, 2) == 0.28
