@@ -63,7 +63,7 @@ setup(
     packages=find_packages(exclude=('tests', 'tests.*')),
     include_package_data=True,
     package_data={'moppa_mm': ['.mim/configs/**/*', '.mim/tools/**/*',
-                            '.mim/model-index.yml']},
+                               '.mim/model-index.yml']},
     python_requires='>=3.8',
     install_requires=[
         'torch>=2.0',
@@ -77,7 +77,7 @@ setup(
         'scipy',
     ],
     extras_require={
-        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard'],
+        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard', 'flake8>=7'],
         'vis': ['tensorboard'],  # TensorboardVisBackend (route weights, losses)
     },
     cmdclass={'build_py': BuildPy, 'develop': Develop},

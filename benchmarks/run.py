@@ -427,7 +427,7 @@ def bench_swin_block(device, quick: bool) -> Dict:
     extra = sorted(set(plain) | set(ours),
                    key=lambda k: plain.get(k, 0) - ours.get(k, 0))
     rows = [dict(op=f'{k[0]} ' + ', '.join('x'.join(map(str, shape)) or 'scalar'
-                                          for shape in k[1][:3]),
+                                           for shape in k[1][:3]),
                  plain_ms=plain.get(k, 0) * 1e3, ours_ms=ours.get(k, 0) * 1e3,
                  extra_ms=(ours.get(k, 0) - plain.get(k, 0)) * 1e3) for k in extra[:10]]
     # multiply-adds per token: the frozen block runs forward and input gradient
@@ -491,6 +491,7 @@ def report(results: Dict, device, quick: bool, seconds: float, settings: str) ->
     window = swin['MoPPA + conv adapters (window)']
     glob = swin['MoPPA + conv adapters (global)']
     frozen = swin['frozen Swin, no backward into it']
+
     def pct(value):
         return f'{100 * (value - 1):+.1f}%'
 
@@ -508,7 +509,8 @@ def report(results: Dict, device, quick: bool, seconds: float, settings: str) ->
         f'(target <= +10%). Global scope: {pct(glob["step_vs_through"])}, memory '
         f'{pct(glob["peak_mb"] / max(through["peak_mb"], 1e-9))}. '
         f'Against a frozen backbone that needs no backward at all (what full PEFT must pay '
-        f'to reach adapters in stage 1): x{window["step_vs_through"] / frozen["step_vs_through"]:.2f}.',
+        'to reach adapters in stage 1): '
+        f'x{window["step_vs_through"] / frozen["step_vs_through"]:.2f}.',
     ]
     blk = results['swin_block']
     summary.append(
@@ -528,7 +530,8 @@ def report(results: Dict, device, quick: bool, seconds: float, settings: str) ->
         f'Measured {time.strftime("%Y-%m-%d")} by `benchmarks/run.py'
         f'{" --quick" if quick else ""}` in {seconds:.0f} s. Settings: '
         f'{settings if device.type == "cpu" else "CUDA caching allocator"}. '
-        f'Memory: {"peak allocated" if device.type == "cuda" else "activations saved for backward"} (MB).',
+        'Memory: ' + ('peak allocated' if device.type == 'cuda'
+                      else 'activations saved for backward') + ' (MB).',
         '',
         *summary,
         '',

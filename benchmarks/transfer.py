@@ -177,7 +177,8 @@ def pretrain(s: dict, seed: int = 0) -> Tuple[dict, dict, Dict[str, float]]:
     started = time.perf_counter()
     torch.manual_seed(seed)
     images, labels = make_images(SOURCE_CLASSES, s['pretrain_per_class'], s['img_size'], seed=100)
-    val_images, val_labels = make_images(SOURCE_CLASSES, s['val_per_class'], s['img_size'], seed=101)
+    val_images, val_labels = make_images(SOURCE_CLASSES, s['val_per_class'], s['img_size'],
+                                         seed=101)
     model = Classifier(VisionTransformer(**vit_kwargs(s)), s['embed_dims'], len(SOURCE_CLASSES))
     model.backbone.init_weights()
     batch = 64

@@ -1,7 +1,8 @@
 """Interpreter start-up hook for environments where torchvision's ops cannot load.
 
-``python moppa_mm/utils/startup.py`` (run by path: it needs nothing from the package) writes ``moppa_mm_startup.pth`` into the
-running interpreter's site-packages (``tools/install.sh`` does this). The line
+``python moppa_mm/utils/startup.py`` (run by path: it needs nothing from the
+package) writes ``moppa_mm_startup.pth`` into the running interpreter's
+site-packages (``tools/install.sh`` does this). The line
 loads ``torchvision_compat.py`` by its path, without importing the moppa_mm
 package (and so without mmdet), and only arms
 :func:`~moppa_mm.utils.torchvision_compat.install_import_hook`: nothing is

@@ -66,23 +66,24 @@ def to_jax(state, heads=4, num_layers=ARCH['num_layers']):
         'head/kernel': np.zeros((dims, 10)), 'head/bias': np.zeros(10),
     }
     for i in range(num_layers):
-        b, l = f'Transformer/encoderblock_{i}/', f'layers.{i}.'
-        npz[b + 'LayerNorm_0/scale'] = state[l + 'ln1.weight'].numpy()
-        npz[b + 'LayerNorm_0/bias'] = state[l + 'ln1.bias'].numpy()
-        npz[b + 'LayerNorm_2/scale'] = state[l + 'ln2.weight'].numpy()
-        npz[b + 'LayerNorm_2/bias'] = state[l + 'ln2.bias'].numpy()
-        q, k, v = state[l + 'attn.qkv.weight'].chunk(3, 0)
-        qb, kb, vb = state[l + 'attn.qkv.bias'].chunk(3, 0)
+        b, to = f'Transformer/encoderblock_{i}/', f'layers.{i}.'
+        npz[b + 'LayerNorm_0/scale'] = state[to + 'ln1.weight'].numpy()
+        npz[b + 'LayerNorm_0/bias'] = state[to + 'ln1.bias'].numpy()
+        npz[b + 'LayerNorm_2/scale'] = state[to + 'ln2.weight'].numpy()
+        npz[b + 'LayerNorm_2/bias'] = state[to + 'ln2.bias'].numpy()
+        q, k, v = state[to + 'attn.qkv.weight'].chunk(3, 0)
+        qb, kb, vb = state[to + 'attn.qkv.bias'].chunk(3, 0)
         for name, w, bias in (('query', q, qb), ('key', k, kb), ('value', v, vb)):
             a = b + f'MultiHeadDotProductAttention_1/{name}/'
             npz[a + 'kernel'] = w.t().reshape(dims, heads, head_dims).numpy()
             npz[a + 'bias'] = bias.reshape(heads, head_dims).numpy()
         a = b + 'MultiHeadDotProductAttention_1/out/'
-        npz[a + 'kernel'] = state[l + 'attn.proj.weight'].t().reshape(heads, head_dims, dims).numpy()
-        npz[a + 'bias'] = state[l + 'attn.proj.bias'].numpy()
+        proj = state[to + 'attn.proj.weight']  # (C_out, C_in)
+        npz[a + 'kernel'] = proj.t().reshape(heads, head_dims, dims).numpy()
+        npz[a + 'bias'] = state[to + 'attn.proj.bias'].numpy()
         for j, name in ((0, 'ffn.layers.0.0'), (1, 'ffn.layers.1')):
-            npz[b + f'MlpBlock_3/Dense_{j}/kernel'] = state[f'{l}{name}.weight'].t().numpy()
-            npz[b + f'MlpBlock_3/Dense_{j}/bias'] = state[f'{l}{name}.bias'].numpy()
+            npz[b + f'MlpBlock_3/Dense_{j}/kernel'] = state[f'{to}{name}.weight'].t().numpy()
+            npz[b + f'MlpBlock_3/Dense_{j}/bias'] = state[f'{to}{name}.bias'].numpy()
     return npz
 
 

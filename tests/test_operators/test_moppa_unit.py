@@ -118,7 +118,10 @@ def test_gradcheck_through_resizing():
     unit = make_unit(3, 4, 4, 2)
     x = torch.randn(1, 5, 6, 4, dtype=torch.float64)
     names, params = zip(*unit.named_parameters())
-    run = lambda *ps: torch.func.functional_call(unit, dict(zip(names, ps)), (x, ))
+
+    def run(*ps):
+        return torch.func.functional_call(unit, dict(zip(names, ps)), (x, ))
+
     assert torch.autograd.gradcheck(run, params)
 
 

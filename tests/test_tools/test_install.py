@@ -7,7 +7,6 @@ import sys
 import sysconfig
 import textwrap
 
-import pytest
 
 from tests.conftest import REPO
 

@@ -1,7 +1,6 @@
 """VTAB-1K end to end on a tiny generated folder: train through the real
 Runner with the hooks, then mmpretrain's own packaged tools/test.py on our
 config and the adapter-only checkpoint, then the results table."""
-import os
 import os.path as osp
 import subprocess
 
