@@ -7,14 +7,12 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from moppa_mm.models.backbones.adapter_mixin import adapter_components, adapter_patterns
 from moppa_mm.utils.params import matches, parameter_table
 
 NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
               nn.InstanceNorm2d)
-DEFAULT_COMPONENTS = (
-    ('backbone.moppa', ('backbone.*moppa*', )),
-    ('backbone.conv_adapter', ('backbone.*conv_adapter*', )),
-    ('backbone.scale_shift', ('backbone.*ssf_*', )),
+DEFAULT_COMPONENTS = adapter_components('backbone.') + (
     ('backbone (pre-trained)', ('backbone.*', )),
     ('neck', ('neck.*', )),
     ('head', ('*head.*', )),
@@ -48,9 +46,7 @@ class PEFTFreezeHook(Hook):
     priority = 'VERY_HIGH'
 
     def __init__(self,
-                 trainable: Sequence[str] = ('backbone.*moppa*',
-                                             'backbone.*conv_adapter*',
-                                             'backbone.*ssf_*'),
+                 trainable: Sequence[str] = adapter_patterns('backbone.'),
                  frozen: Sequence[str] = ('backbone.*', ),
                  components: Optional[Sequence[Tuple[str, Sequence[str]]]] = None
                  ) -> None:

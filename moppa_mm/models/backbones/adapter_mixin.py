@@ -11,9 +11,28 @@ from moppa_mm.operators.moppa_unit import FREQ_PARAMS
 from moppa_mm.utils.checkpoints import naming_checkpoint
 from moppa_mm.utils.params import matches, parameter_table
 
-# The adapters' parameter names (relative to the backbone): everything else in
-# a MoPPA backbone is the frozen pre-trained base.
-ADAPTER_PATTERNS = ('*moppa*', '*conv_adapter*', '*ssf_*')
+# The adapters' parameter names (relative to the backbone), by kind: the one
+# place they are spelled. Everything else in a MoPPA backbone is the frozen
+# pre-trained base. (kind, fnmatch patterns, label of the parameter tables)
+ADAPTER_GROUPS: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
+    ('moppa', ('*moppa*', ), 'moppa units'),
+    ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
+    ('scale_shift', ('*ssf_*', ), 'scale & shift'),
+)
+ADAPTER_PATTERNS = tuple(p for _, patterns, _ in ADAPTER_GROUPS for p in patterns)
+
+
+def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
+    """The adapter patterns for names under ``prefix`` (e.g. ``'backbone.'``
+    for a whole detector's or classifier's parameters)."""
+    return tuple(prefix + p for p in ADAPTER_PATTERNS)
+
+
+def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """``(name, patterns)`` per adapter kind under ``prefix``, for
+    :func:`~moppa_mm.utils.params.parameter_table`."""
+    return tuple((prefix + kind, tuple(prefix + p for p in patterns))
+                 for kind, patterns, _ in ADAPTER_GROUPS)
 
 
 def is_adapter_key(name: str) -> bool:
@@ -34,12 +53,12 @@ class AdapterMixin:
     """Mixed into a backbone subclass (before the base class).
 
     Subclasses set ``ADAPTER_TYPES`` (modules with ``enabled`` and
-    ``reset_parameters``) and ``BREAKDOWN``: ``(key, patterns, label)`` groups,
-    the last one catching the pre-trained rest.
+    ``reset_parameters``) and ``PRETRAINED_LABEL``, the name of the frozen
+    rest in the parameter table (the adapter rows are :data:`ADAPTER_GROUPS`).
     """
 
     ADAPTER_TYPES: Tuple[type, ...] = ()
-    BREAKDOWN: Sequence[Tuple[str, Tuple[str, ...], str]] = ()
+    PRETRAINED_LABEL: str = 'pre-trained backbone'
     # base parameters that pre-trained releases legitimately lack (fnmatch)
     PRETRAINED_MAY_LACK: Tuple[str, ...] = ()
     # whether the units' frequency maps saved on another grid are resized on
@@ -203,11 +222,16 @@ class AdapterMixin:
         for module in self._adapters():
             module.reset_parameters()
 
+    def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
+        return ADAPTER_GROUPS + (('pretrained', ('*', ), self.PRETRAINED_LABEL), )
+
     def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
-        _, counts = parameter_table(self, [(k, p) for k, p, _ in self.BREAKDOWN])
+        """``{kind: {'total': n, 'trainable': n}}`` for each adapter kind of
+        :data:`ADAPTER_GROUPS`, ``'pretrained'`` and ``'total'``."""
+        _, counts = parameter_table(self, [(k, p) for k, p, _ in self._breakdown()])
         return counts
 
     def parameter_report(self) -> str:
-        table, _ = parameter_table(self, [(label, p) for _, p, label in self.BREAKDOWN],
+        table, _ = parameter_table(self, [(label, p) for _, p, label in self._breakdown()],
                                    title=type(self).__name__)
         return table

@@ -89,9 +89,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
     ADAPTER_TYPES = (ViTMoPPAUnit, ScaleShift)
-    BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
-                 ('scale_shift', ('*ssf_*', ), 'scale & shift'),
-                 ('pretrained', ('*', ), 'pre-trained ViT'))
+    PRETRAINED_LABEL = 'pre-trained ViT'
 
     def __init__(self,
                  *args,

@@ -116,10 +116,7 @@ class SwinAdapterMixin(AdapterMixin):
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
-    BREAKDOWN = (('moppa', ('*moppa*', ), 'moppa units'),
-                 ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
-                 ('scale_shift', ('*ssf_*', ), 'scale & shift'),
-                 ('pretrained', ('*', ), 'pre-trained Swin'))
+    PRETRAINED_LABEL = 'pre-trained Swin'
     IMG_SIZE_ARG = 'pretrain_img_size'
 
     def __init__(self,
