@@ -60,3 +60,23 @@ def child_env():
     env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
     env.setdefault('OMP_NUM_THREADS', '1')
     return env
+
+
+# Modules whose tests train a model or run the tools in separate processes:
+# marked `slow` (`bash tools/run_tests.sh -m "not slow"` for a quick pass; CI
+# runs everything).
+SLOW_MODULES = (
+    'tests/test_benchmarks/test_transfer.py',
+    'tests/test_configs/test_every_config_runs.py',
+    'tests/test_engine/test_non_finite_loss_hook.py',
+    'tests/test_engine/test_route_logging.py',
+    'tests/test_engine/test_route_loss_weight.py',
+    'tests/test_tools/',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = osp.relpath(str(item.fspath), REPO)
+        if path.startswith(SLOW_MODULES):
+            item.add_marker(pytest.mark.slow)

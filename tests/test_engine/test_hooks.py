@@ -133,6 +133,8 @@ def test_freeze_hook_refuses_to_change_a_ddp_model(shapes_data, tmp_path,
                            MASTER_ADDR='127.0.0.1',
                            MASTER_PORT=str(_free_port())).items():
         monkeypatch.setenv(key, value)
+    # the CPU (gloo) path on any host, a CUDA one included
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=1)
     cfg.model.backbone.freeze_pretrained = False
     cfg.launcher = 'pytorch'

@@ -54,22 +54,25 @@ def test_fix_defines_only_what_is_missing():
 
 
 def test_fix_defines_the_schemas_when_the_ops_cannot_load():
+    """An ops library that fails to load (as torchvision's CUDA build does on a
+    CPU-only torch; here a broken file, so the case is the same on any host)
+    gets both schemas defined."""
     result = python(
-        'import sys\n'
+        'import sys, tempfile\n'
         'sys.meta_path[:] = [f for f in sys.meta_path\n'
         '                    if type(f).__name__ != "_TorchvisionImportHook"]\n'
         'import torch\n'
-        'from moppa_mm.utils.torchvision_compat import _torchvision_ops_library\n'
-        'try:\n'
-        '    torch.ops.load_library(_torchvision_ops_library()); loads = True\n'
-        'except OSError:\n'
-        '    loads = False\n'
-        'from moppa_mm.utils.torchvision_compat import ensure_torchvision_importable\n'
-        'defined = ensure_torchvision_importable()\n'
-        'print("ok", loads or defined == ("nms", "qnms"))\n'
-        'import torchvision\n')
+        'from moppa_mm.utils import torchvision_compat as compat\n'
+        'broken = tempfile.NamedTemporaryFile(suffix=".so", delete=False)\n'
+        'broken.write(b"not a shared library"); broken.close()\n'
+        'compat._torchvision_ops_library = lambda: broken.name\n'
+        'defined = compat.ensure_torchvision_importable()\n'
+        'print("defined", defined)\n'
+        'print("schemas", hasattr(torch.ops.torchvision, "nms"),\n'
+        '      hasattr(torch.ops.torchvision, "qnms"))\n')
     assert result.returncode == 0, result.stderr[-2000:]
-    assert 'ok True' in result.stdout
+    assert "defined ('nms', 'qnms')" in result.stdout
+    assert 'schemas True True' in result.stdout
 
 
 def test_import_keeps_mmengines_safe_loader():

@@ -153,10 +153,22 @@ def test_lean_conv_adapter_matches_plain_autograd(with_cp):
 
 
 def test_gradient_checkpointing():
-    moppa = MoPPASwinTransformer(**TINY, with_cp=True)
+    """with_cp=True gives every trainable parameter the gradient it gets
+    without checkpointing (same weights, same input)."""
+    torch.manual_seed(0)  # no drop path: both runs must see the same network
+    plain_cp = MoPPASwinTransformer(**TINY, with_cp=False, drop_path_rate=0.0)
+    with_cp = MoPPASwinTransformer(**TINY, with_cp=True, drop_path_rate=0.0)
+    with_cp.load_state_dict(plain_cp.state_dict())
     x = torch.randn(1, 3, 64, 64, requires_grad=True)
-    sum(o.sum() for o in moppa(x)).backward()
-    assert moppa.stages[1].blocks[1].moppa.heat_coef.grad is not None
+    grads = []
+    for model in (plain_cp, with_cp):
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum()
+            for o in model(x)).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()
+                      if p.requires_grad})
+    assert all(g is not None for g in grads[1].values())
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, msg=name)
 
 
 def test_deepcopy_rewires_the_hooks():
