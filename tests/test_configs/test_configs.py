@@ -7,6 +7,7 @@ from mmengine.registry import init_default_scope
 
 from moppa_mm.utils.params import parameter_table
 from tests.conftest import REPO
+from tests.test_configs.test_baselines import needs_use_moppa
 
 CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True))
 
@@ -16,12 +17,19 @@ def test_there_are_configs():
     assert 'configs/cascade_moppa_swin_b_coco.py' in names
     assert len([n for n in names if n.startswith('configs/vtab1k/moppa_')]) == 57
     assert len([n for n in names if n.startswith('configs/fgvc/moppa_')]) == 10
+    for method in ('linear', 'full', 'ssf', 'lora'):  # baselines
+        assert len([n for n in names if n.startswith(f'configs/vtab1k/{method}_')]) == 19
+        assert len([n for n in names if n.startswith(f'configs/fgvc/{method}_')]) == 5
 
 
 def build_tiny(cfg):
     """Build the config's model with a tiny backbone and no weight loading."""
     backbone = cfg.model.backbone
+    if backbone.type == 'LoRAModel':  # the LoRA baseline: shrink the ViT it wraps
+        backbone = backbone.module
     backbone.init_cfg = None
+    if backbone.get('frozen_stages') == 12:  # the linear probe: all layers
+        backbone.frozen_stages = 1
     if 'VisionTransformer' in backbone.type:
         from mmpretrain.registry import MODELS
         init_default_scope('mmpretrain')
@@ -39,6 +47,8 @@ def build_tiny(cfg):
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_config_parses_and_builds(path):
     cfg = Config.fromfile(path)
+    if osp.basename(path).startswith('ssf_'):
+        needs_use_moppa('ssf')
     assert cfg.model.type
     if 'moppa' in osp.basename(path):
         assert cfg.custom_imports == dict(imports=['moppa_mm'],
