@@ -214,6 +214,7 @@ def test_sweep_tool_compares_methods(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and 'no lora configs for --pretrain mae' in bad.stderr
 
+
 def test_kill_and_resume_reproduces_the_uninterrupted_run(vtab_root, tmp_path):
     """A VTAB config with validation and a checkpoint after every epoch,
     random flips and drop path as shipped, killed in the middle of epoch 2:
