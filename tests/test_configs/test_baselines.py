@@ -4,11 +4,14 @@ its method's model and hooks, and plain ViT checkpoints load into LoRAModel."""
 import functools
 import glob
 import importlib.util
+import json
 import os.path as osp
+import subprocess
 
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.fileio import load
 from mmengine.registry import init_default_scope
 from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.registry import MODELS
@@ -193,3 +196,76 @@ def test_plain_vit_checkpoint_loads_into_the_lora_config(tmp_path):
     model.eval(), fresh.eval()
     with torch.no_grad():
         assert torch.equal(model(images, mode='tensor'), fresh(images, mode='tensor'))
+
+
+@pytest.mark.parametrize('method', ('linear', 'lora'))
+def test_trained_baseline_tests_to_its_accuracy_from_its_checkpoint(tmp_path, method):
+    """Train 2 epochs on a generated task, then ``tools/test.py`` from the
+    saved checkpoint (LoRA's holds only the LoRA factors and the head) gives
+    the last validation's accuracy: nothing of the backbone is lost or random."""
+    from mmengine.config import ConfigDict
+    from mmengine.runner import Runner
+
+    from moppa_mm.demo_cls import make_vtab_task
+    from tests.conftest import PYTHON, child_env
+
+    root = str(tmp_path / 'vtab-1k')
+    make_vtab_task(root, 'eurosat', dict(train800val200=16, test=12), seed=0)
+    arch = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
+    torch.manual_seed(7)  # not the Runner's seed: other weights than a random init
+    vit = VisionTransformer(arch=arch, img_size=32, patch_size=8)
+    vit.init_weights()
+    pretrained = save_backbone(vit.state_dict(), str(tmp_path / 'vit.pth'), 'test')
+
+    cfg = Config.fromfile(osp.join(
+        REPO, f'configs/vtab1k/{method}_vit-b-p16_in21k-augreg-pre_vtab1k-eurosat.py'))
+    pretrained_vit(cfg).update(arch=arch, img_size=32, patch_size=8, drop_path_rate=0.0)
+    if method == 'linear':
+        pretrained_vit(cfg).frozen_stages = 2  # all layers of the tiny ViT
+    pretrained_vit(cfg).init_cfg.checkpoint = pretrained
+    cfg.model.head.in_channels = 32
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[key].update(batch_size=8, num_workers=0, persistent_workers=False)
+        cfg[key].dataset.data_root = root
+        for step in cfg[key].dataset.pipeline:
+            if step['type'] == 'Resize':
+                step['scale'] = (32, 32)
+    cfg.optim_wrapper.optimizer.lr = 1e-2
+    cfg.param_scheduler = []
+    cfg.train_cfg = ConfigDict(by_epoch=True, max_epochs=2, val_interval=2)
+    cfg.default_hooks.checkpoint = ConfigDict(type='CheckpointHook', interval=2)
+    cfg.randomness = ConfigDict(seed=0)
+    cfg.work_dir = str(tmp_path / 'work')
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    trained_top1 = runner.message_hub.get_scalar('val/accuracy/top1').current()
+    trainable = {n for n, p in runner.model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in runner.model.named_parameters()
+                         if n.startswith('head.') or '.lora_' in n}
+
+    checkpoint = osp.join(cfg.work_dir, 'epoch_2.pth')
+    saved = torch.load(checkpoint, weights_only=True)['state_dict']
+    backbone_keys = [k for k in saved if k.startswith('backbone.')]
+    if method == 'lora':
+        assert backbone_keys and all('.lora_' in k for k in backbone_keys)
+    else:
+        assert len(backbone_keys) == len(vit.state_dict())
+    config = osp.join(cfg.work_dir, 'config.py')
+    cfg.dump(config)
+    predictions = osp.join(cfg.work_dir, 'predictions.pkl')
+    result = subprocess.run(
+        [PYTHON, 'tools/test.py', config, checkpoint, '--work-dir',
+         osp.join(cfg.work_dir, 'test'), '--out', predictions],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (metrics, ) = glob.glob(osp.join(cfg.work_dir, 'test', '*', '*.json'))
+    with open(metrics) as f:
+        assert json.load(f)['accuracy/top1'] == pytest.approx(trained_top1)
+    # the scores too, not only the top-1 of 12 images
+    runner.model.eval()
+    with torch.no_grad():
+        ours = [sample.pred_score for batch in runner.test_dataloader
+                for sample in runner.model.test_step(batch)]
+    tested = [torch.as_tensor(p['pred_score']) for p in load(predictions)]
+    assert len(tested) == len(ours) == 12
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(ours, tested))
