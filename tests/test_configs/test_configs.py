@@ -119,3 +119,10 @@ def test_param_breakdown_tool_for_any_config():
     assert 'trainable backbone parameters: 218,340' in result.stdout
     assert 'trainable in all: 254,483' in result.stdout
     assert 'backbone.moppa' in result.stdout and 'backbone.scale_shift' in result.stdout
+    lora = subprocess.run(
+        [sys.executable, 'tools/analysis/param_breakdown.py',
+         'configs/vtab1k/lora_vit-b-p16_in21k-augreg-pre_vtab1k-dtd.py'],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert lora.returncode == 0, lora.stderr[-2000:]
+    assert 'trainable backbone parameters: 294,912' in lora.stdout  # rank 8 on qkv
+    assert 'backbone.lora' in lora.stdout
