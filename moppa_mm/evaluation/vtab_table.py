@@ -115,3 +115,86 @@ def to_csv(rows: List[List[str]]) -> str:
     out = io.StringIO()
     csv.writer(out).writerows(rows)
     return out.getvalue()
+
+
+# ---- Baselines: the same table across fine-tuning methods ----
+# config prefix -> row name; configs are '<prefix>_vit-b-p16_<pre-training>-pre_vtab1k-<task>.py'
+METHODS = OrderedDict([
+    ('linear', 'Linear probe'),
+    ('full', 'Full fine-tuning'),
+    ('ssf', 'Scale & shift (SSF)'),
+    ('lora', 'LoRA'),
+    ('moppa', 'MoPPA'),
+])
+# The paper's baseline rows for IN22K SUP (supplementary per-task table), in
+# VTAB_TASKS order; it has none for linear probing. Its SSF is SSF (Lian et
+# al.) with scale & shift after every operation; ours scales and shifts where
+# MoPPA does (0.13M in the backbone against its 0.24M in all).
+PAPER_BASELINES = {
+    'in21k-augreg': OrderedDict([
+        ('full', [68.9, 87.7, 64.3, 97.2, 86.9, 87.4, 38.8, 79.7, 95.7, 84.2, 73.9,
+                  56.3, 58.6, 41.7, 65.5, 57.5, 46.7, 25.7, 29.1]),
+        ('lora', [67.1, 91.4, 69.4, 98.8, 90.4, 85.3, 54.0, 84.9, 95.3, 84.4, 73.6,
+                  82.9, 69.2, 49.8, 78.5, 75.7, 47.1, 31.0, 44.0]),
+        ('ssf', [69.0, 92.6, 75.1, 99.4, 91.8, 90.2, 52.9, 87.4, 95.9, 87.4, 75.5,
+                 75.9, 62.3, 53.3, 80.6, 77.3, 54.9, 29.5, 37.9]),
+    ]),
+}
+PAPER_BASELINE_SUMMARY = {
+    'in21k-augreg': {
+        'full': dict(Natural=75.9, Specialized=83.4, Structured=47.6, Average=65.6,
+                     params=85.80),
+        'lora': dict(Natural=79.5, Specialized=84.6, Structured=59.8, Average=72.3,
+                     params=0.29),
+        'ssf': dict(Natural=81.6, Specialized=86.6, Structured=59.0, Average=73.1,
+                    params=0.24),
+    },
+}
+
+
+def paper_method_results(method: str, pretrain: str
+                         ) -> Optional['OrderedDict[str, float]']:
+    """The paper's per-task row of ``method`` with ``pretrain``, or None where
+    the paper has none (linear probing; baselines other than IN22K SUP)."""
+    if method not in METHODS:
+        raise ValueError(f'unknown method {method!r}, expected one of {tuple(METHODS)}')
+    if method == 'moppa':
+        return paper_results(pretrain)
+    row = PAPER_BASELINES.get(pretrain, {}).get(method)
+    return None if row is None else OrderedDict(zip(VTAB_TASKS, row))
+
+
+def paper_method_params(method: str, pretrain: str) -> Optional[float]:
+    if method == 'moppa':
+        return PAPER_SUMMARY[pretrain]['params']
+    return PAPER_BASELINE_SUMMARY.get(pretrain, {}).get(method, {}).get('params')
+
+
+def comparison_table(pretrain: str,
+                     measured: Mapping[str, Mapping[str, float]],
+                     our_params: Optional[Mapping[str, float]] = None
+                     ) -> List[List[str]]:
+    """Header, then per method (in :data:`METHODS` order) our row and the
+    paper's row where it has one: the paper's per-task table across methods.
+
+    Args:
+        pretrain (str): Pre-training, e.g. ``'in21k-augreg'``.
+        measured (Mapping[str, Mapping[str, float]]): ``{method: {task: top1}}``
+            of our runs; a method without any result still gets its row.
+        our_params (Mapping[str, float], optional): ``{method: trainable M}``.
+    """
+    unknown = [m for m in measured if m not in METHODS]
+    if unknown:
+        raise ValueError(f'unknown method(s) {unknown}, expected some of '
+                         f'{tuple(METHODS)}')
+    our_params = our_params or {}
+    rows = [table(pretrain, {})[0]]
+    for method, name in METHODS.items():
+        if method in measured:
+            rows.append(_row(f'{name} (moppa_mm, {pretrain})', measured[method],
+                             our_params.get(method)))
+        paper = paper_method_results(method, pretrain)
+        if paper is not None and (method in measured or not measured):
+            rows.append(_row(f'{name} (paper, {pretrain})', paper,
+                             paper_method_params(method, pretrain)))
+    return rows

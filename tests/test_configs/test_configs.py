@@ -19,12 +19,19 @@ def test_there_are_configs():
     assert len([n for n in names if n.startswith('configs/vtab1k/moppa_swin-b')]) == 19
     assert len([n for n in names if n.startswith('configs/vtab1k/moppa_vit-l')]) == 19
     assert len([n for n in names if n.startswith('configs/fgvc/moppa_')]) == 10
+    for method in ('linear', 'full', 'ssf', 'lora'):  # baselines
+        assert len([n for n in names if n.startswith(f'configs/vtab1k/{method}_')]) == 19
+        assert len([n for n in names if n.startswith(f'configs/fgvc/{method}_')]) == 5
 
 
 def build_tiny(cfg):
     """Build the config's model with a tiny backbone and no weight loading."""
     backbone = cfg.model.backbone
+    if backbone.type == 'LoRAModel':  # the LoRA baseline: shrink the ViT it wraps
+        backbone = backbone.module
     backbone.init_cfg = None
+    if backbone.get('frozen_stages') == 12:  # the linear probe: all layers
+        backbone.frozen_stages = 1
     if 'VisionTransformer' in backbone.type:
         from mmpretrain.registry import MODELS
         init_default_scope('mmpretrain')
@@ -116,3 +123,10 @@ def test_param_breakdown_tool_for_any_config():
     assert 'trainable backbone parameters: 218,340' in result.stdout
     assert 'trainable in all: 254,483' in result.stdout
     assert 'backbone.moppa' in result.stdout and 'backbone.scale_shift' in result.stdout
+    lora = subprocess.run(
+        [sys.executable, 'tools/analysis/param_breakdown.py',
+         'configs/vtab1k/lora_vit-b-p16_in21k-augreg-pre_vtab1k-dtd.py'],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert lora.returncode == 0, lora.stderr[-2000:]
+    assert 'trainable backbone parameters: 294,912' in lora.stdout  # rank 8 on qkv
+    assert 'backbone.lora' in lora.stdout

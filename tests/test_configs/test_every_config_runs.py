@@ -27,16 +27,23 @@ from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
 from moppa_mm.utils.launch import build_runner, load_config
 from tests.conftest import REPO
 
+BASELINES = ('linear_', 'full_', 'ssf_', 'lora_')
+# the baselines run on one VTAB-1K task and one FGVC data set each (their
+# configs differ only in the task: tests/test_configs/test_baselines.py)
+BASELINE_SAMPLE = ('vtab1k-dtd.py', 'fgvc-cub.py')
 CONFIGS = sorted(
     path for path in glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)
-    if '_base_' not in path.split(os.sep))
+    if '_base_' not in path.split(os.sep)
+    and (not osp.basename(path).startswith(BASELINES) or path.endswith(BASELINE_SAMPLE)))
 VIT_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
 SWIN_ARCH = dict(embed_dims=16, depths=[2, 2], num_heads=[1, 2])  # 32 output dims
 SHAPES = ('square', 'circle', 'triangle')
 
 
 def test_every_family_is_covered():
-    names = [osp.relpath(c, REPO) for c in CONFIGS]
+    names = [osp.relpath(c, REPO) for c in CONFIGS
+             if not osp.basename(c).startswith(BASELINES)]
+    assert len(CONFIGS) - len(names) == len(BASELINES) * len(BASELINE_SAMPLE)
     # VTAB-1K ViT-B, Swin-B, ViT-L; FGVC; ImageNet; COCO; the two demos
     assert len(names) == 57 + 19 + 19 + 10 + 1 + 3 + 2
     assert 'configs/moppa/moppa_vit-b-p16_in21k-augreg-pre_8xb64-110e_in1k.py' in names
@@ -182,6 +189,9 @@ def shrink_detector(cfg, data):
 def test_config_trains_one_iteration_and_validates(generated, tmp_path, path):
     # yapf formatting of the logged and dumped config would take most of the time
     cfg = load_config(path, work_dir=str(tmp_path), format_python_code=False)
+    lora = cfg.model.backbone if cfg.model.backbone.type == 'LoRAModel' else None
+    if lora:  # the LoRA baseline: shrink the ViT it wraps
+        cfg.model.backbone = lora.module
     if cfg.default_scope == 'mmpretrain':
         shrink_classifier(cfg, generated)
         metric = 'val/accuracy/top1'
@@ -190,6 +200,11 @@ def test_config_trains_one_iteration_and_validates(generated, tmp_path, path):
         # an untrained detector may predict nothing: CocoMetric then reports
         # no AP, but the validation loop still ran and timed its iteration
         metric = 'val/time'
+    if cfg.model.backbone.get('frozen_stages') == 12:  # the linear probe: all layers
+        cfg.model.backbone.frozen_stages = VIT_ARCH['num_layers']
+    if lora:
+        lora.module = cfg.model.backbone
+        cfg.model.backbone = lora
     for loader in _loaders(cfg):
         loader.update(batch_size=2, num_workers=0, persistent_workers=False)
     cfg.train_cfg.update(max_epochs=1, val_interval=1)  # 2 images: one batch

@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 def index_models():
     index = load(osp.join(REPO, 'model-index.yml'))
-    assert [c['Name'] for c in index['Collections']] == ['MoPPA']
+    assert [c['Name'] for c in index['Collections']] == ['MoPPA', 'Baselines']
     models = []
     for metafile in index['Import']:
         models += load(osp.join(REPO, metafile))['Models']
@@ -33,7 +33,9 @@ def test_every_config_is_indexed_once_and_every_entry_exists():
     indexed = [m['Config'] for m in models]
     assert sorted(indexed) == configs
     assert len({m['Name'] for m in models}) == len(models)
-    assert all(m['In Collection'] == 'MoPPA' for m in models)
+    baseline = ('linear_', 'full_', 'ssf_', 'lora_')
+    assert all(m['In Collection'] == ('Baselines' if m['Name'].startswith(baseline)
+                                      else 'MoPPA') for m in models)
 
 
 def test_results_are_the_papers():
@@ -51,3 +53,24 @@ def test_results_are_the_papers():
         box, mask = models[name]['Results']
         assert box['Metrics'] == {'box AP': 52.7}
         assert mask['Metrics'] == {'mask AP': 45.6}
+
+
+def test_baseline_results_are_the_papers_where_it_has_them():
+    from moppa_mm.evaluation.vtab_table import PAPER_BASELINES
+    models = {m['Name']: m for m in index_models()}
+    rows = PAPER_BASELINES['in21k-augreg']
+    for method, row in rows.items():
+        for task, paper in zip(VTAB_TASKS, row):
+            assert top1(models[f'{method}_vit-b-p16_in21k-augreg-pre_vtab1k-{task}']) == paper
+    for task in VTAB_TASKS:  # the paper has no linear probe
+        assert 'Results' not in models[f'linear_vit-b-p16_in21k-augreg-pre_vtab1k-{task}']
+    fgvc = ('cub', 'nabirds', 'oxford_flowers', 'stanford_dogs', 'stanford_cars')
+    for method, paper_average in (('full', 88.5), ('lora', 89.5)):  # Table 3, IN22K
+        ours = [top1(models[f'{method}_vit-b-p16_in21k-pre_fgvc-{d}']) for d in fgvc]
+        assert abs(mean(ours) - paper_average) < 0.05
+    for method in ('linear', 'ssf'):
+        assert all('Results' not in models[f'{method}_vit-b-p16_in21k-pre_fgvc-{d}']
+                   for d in fgvc)
+    meta = models['lora_vit-b-p16_in21k-augreg-pre_vtab1k-cifar']['Metadata']
+    assert meta['Trainable parameters (M, paper)'] == 0.29
+    assert meta['Trainable parameters (M, moppa_mm, mean head)'] == 0.33

@@ -1,6 +1,8 @@
 """VTAB-1K end to end on a tiny generated folder: train through the real
 Runner with the hooks, then mmpretrain's own packaged tools/test.py on our
 config and the adapter-only checkpoint, then the results table."""
+import csv
+import os
 import os.path as osp
 import subprocess
 
@@ -143,6 +145,74 @@ def test_sweep_tool_collects_and_writes(tmp_path):
                           '--tasks', 'cifar10'], cwd=REPO, env=child_env(),
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown VTAB-1K task(s) ['cifar10']" in bad.stderr
+
+
+def test_paper_baseline_rows_reproduce_the_papers_means():
+    for method, summary in vtab_table.PAPER_BASELINE_SUMMARY['in21k-augreg'].items():
+        ours = vtab_table.summarize(vtab_table.paper_method_results(method, 'in21k-augreg'))
+        for key in (*VTAB_GROUPS, 'Average'):
+            assert abs(ours[key] - summary[key]) <= 0.1, (method, key)
+    assert vtab_table.paper_method_results('linear', 'in21k-augreg') is None
+    assert vtab_table.paper_method_results('lora', 'mae') is None
+    with pytest.raises(ValueError, match="unknown method 'vpt'"):
+        vtab_table.paper_method_results('vpt', 'in21k-augreg')
+
+
+def test_comparison_table_across_methods():
+    lora = {t: 60.0 for t in VTAB_TASKS}
+    rows = vtab_table.comparison_table(
+        'in21k-augreg', {'linear': {'cifar': 40.0}, 'lora': lora, 'moppa': {}},
+        {'lora': 0.333})
+    names = [r[0] for r in rows[1:]]
+    assert names == ['Linear probe (moppa_mm, in21k-augreg)',  # the paper has none
+                     'LoRA (moppa_mm, in21k-augreg)', 'LoRA (paper, in21k-augreg)',
+                     'MoPPA (moppa_mm, in21k-augreg)', 'MoPPA (paper, in21k-augreg)']
+    assert rows[0] == vtab_table.table('in21k-augreg', {})[0]
+    assert rows[1][1:3] == ['40.0', '-']
+    assert rows[2][-2:] == ['60.0', '0.333'] and rows[3][-2:] == ['72.3', '0.290']
+    assert rows[4][1] == '-' and rows[5][-2] == '76.2'
+    every = vtab_table.comparison_table('in21k-augreg', {})  # the paper's rows only
+    assert [r[0].rsplit(' (', 1)[0] for r in every[1:]] == [
+        'Full fine-tuning', 'Scale & shift (SSF)', 'LoRA', 'MoPPA']
+    with pytest.raises(ValueError, match='unknown method'):
+        vtab_table.comparison_table('in21k-augreg', {'adapter': {}})
+
+
+def _fake_result(work_root, task, top1):
+    """What ``tools/test.py --work-dir <work_root>/<task>/test`` writes."""
+    folder = osp.join(work_root, task, 'test', '20260101_000000')
+    os.makedirs(folder)
+    with open(osp.join(folder, '20260101_000000.json'), 'w') as f:
+        f.write(f'{{"accuracy/top1": {top1}}}')
+
+
+def test_sweep_tool_compares_methods(tmp_path):
+    work_root = tmp_path / 'work'
+    _fake_result(str(work_root / 'lora' / 'in21k-augreg'), 'dtd', 65.5)
+    _fake_result(str(work_root / 'in21k-augreg'), 'dtd', 77.25)  # MoPPA's work dirs
+    out = tmp_path / 'compare'
+    result = subprocess.run(
+        [PYTHON, 'tools/vtab_sweep.py', 'compare', '--pretrain', 'in21k-augreg',
+         '--methods', 'linear', 'lora', 'moppa', '--no-params',
+         '--work-root', str(work_root), '--out', str(out)],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'tasks with results: linear 0/19, lora 1/19, moppa 1/19' in result.stdout
+    rows = list(csv.reader(out.with_suffix('.csv').read_text().splitlines()))
+    dtd = rows[0].index('dtd')
+    assert [row[dtd] for row in rows[1:]] == [
+        '-', '65.5', '69.4', '77.2', '78.3']  # ours / the paper's, per method
+    one = subprocess.run(
+        [PYTHON, 'tools/vtab_sweep.py', 'collect', '--method', 'lora', '--pretrain',
+         'in21k-augreg', '--work-root', str(work_root), '--out', str(tmp_path / 'lora')],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert '1/19 tasks have results' in one.stdout
+    assert '| 0.333 |' in (tmp_path / 'lora.md').read_text()  # rank 8 + mean head
+    bad = subprocess.run([PYTHON, 'tools/vtab_sweep.py', 'run', '--method', 'lora',
+                          '--pretrain', 'mae'], cwd=REPO, env=child_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and 'no lora configs for --pretrain mae' in bad.stderr
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_run(vtab_root, tmp_path):

@@ -2,6 +2,7 @@
 
     python tools/analysis/param_breakdown.py configs/cascade_moppa_swin_b_coco.py
     python tools/analysis/param_breakdown.py configs/vtab1k/moppa_vit-b-p16_mae-pre_vtab1k-dtd.py
+    python tools/analysis/param_breakdown.py configs/fgvc/lora_vit-b-p16_in21k-pre_fgvc-cub.py
 
 The model is built as training builds it (the MoPPA backbones freeze themselves),
 without loading any checkpoint.
@@ -23,8 +24,19 @@ def build_model(cfg):
         from mmpretrain.registry import MODELS
     else:
         from mmdet.registry import MODELS
-    cfg.model.backbone.init_cfg = None  # count, do not load
+    backbone = cfg.model.backbone
+    if backbone.type == 'LoRAModel':  # the LoRA baseline loads through its ViT
+        backbone = backbone.module
+    backbone.init_cfg = None  # count, do not load
     return MODELS.build(cfg.model)
+
+
+# the hook's groups, and the LoRA baseline's factors before the pre-trained rest
+COMPONENTS = []
+for name, patterns in DEFAULT_COMPONENTS:
+    if name == 'backbone (pre-trained)':
+        COMPONENTS.append(('backbone.lora', ('backbone.*lora_*', )))
+    COMPONENTS.append((name, patterns))
 
 
 def main():
@@ -37,7 +49,7 @@ def main():
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     model = build_model(cfg)
-    table, counts = parameter_table(model, DEFAULT_COMPONENTS, title=args.config)
+    table, counts = parameter_table(model, COMPONENTS, title=args.config)
     print(table)
     backbone = sum(counts[k]['trainable'] for k in counts if k.startswith('backbone'))
     print(f'trainable backbone parameters: {backbone:,} ({backbone / 1e6:.3f}M); '
