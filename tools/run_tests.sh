@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install (idempotent, seconds when up to date) and run the whole test suite.
-#   bash tools/run_tests.sh [pytest args...]
+#   bash tools/run_tests.sh [pytest args...]   (a test path among them: only those tests)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -8,7 +8,12 @@ VENV="$VENV" bash "$ROOT/tools/install.sh"
 cd "$ROOT"
 start=$(date +%s)
 set +e
-"$VENV/bin/python" -m pytest tests "$@"
+# the whole suite, unless a test path is given: run_tests.sh tests/test_operators -q
+paths=(tests)
+for arg in "$@"; do
+  [[ "$arg" != -* && -e "$arg" ]] && paths=()
+done
+"$VENV/bin/python" -m pytest "${paths[@]}" "$@"
 rc=$?
 set -e
 echo "[tests] finished in $(( $(date +%s) - start )) s (exit $rc)"

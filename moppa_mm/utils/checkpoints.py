@@ -46,6 +46,13 @@ def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
         first_line = next((line for line in lines if 'nsupported' in line),
                           lines[0] if lines else '')
         first_line = first_line.replace('WeightsUnpickler error: ', '')
+        if 'Unsupported global' not in first_line:  # e.g. "Unsupported operand 33"
+            return CheckpointLoadError(
+                f'{what} {path!r} is not a checkpoint that loads safely: its bytes '
+                f'are not a pickle of tensors and plain containers ({first_line}). '
+                'Is the file corrupt, or not a PyTorch checkpoint? If it is a '
+                f'checkpoint you trust, {OPT_IN_ENV}=1 loads it with '
+                'weights_only=False.')
         return CheckpointLoadError(
             f'{what} {path!r} holds Python objects besides tensors and plain '
             f'containers, and loading it could run code ({first_line}). '

@@ -95,3 +95,20 @@ def test_without_moppa_trains_with_no_route_loss(demo_data, tmp_path):
     assert 'val/accuracy/top1' in hub.log_scalars
     log = open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
     assert 'holds no MoPPA unit (use_moppa=False?)' in log
+
+
+def test_config_inherited_through_the_package_scope_trains(demo_data, tmp_path):
+    """A user config outside the checkout inherits the classification demo as
+    ``moppa_mm::...``: mmengine marks the inherited modules with
+    ``_scope_='moppa_mm'``, which moppa_mm.registry must resolve (it fell back
+    to mmengine's root registry: "ImageClassifier is not in the mmengine::model
+    registry")."""
+    path = tmp_path / 'my_cls.py'
+    path.write_text("_base_ = 'moppa_mm::demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py'\n"
+                    'route_loss_weight = 0.5\n')
+    cfg = load(str(path), demo_data, tmp_path / 'work')
+    assert cfg.model._scope_ == 'moppa_mm'
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    assert type(runner.model).__name__ == 'ImageClassifier'
+    assert first_route_values(runner)[0] == 0.5

@@ -126,3 +126,15 @@ def test_plain_containers_round_trip(tmp_path):
     assert loaded['meta']['names'].tolist() == ['x', 'yz']
     with pytest.raises(TypeError, match=r"checkpoint\['bad'\]"):
         to_plain({'bad': object()})
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_random_bytes_are_called_corrupt_not_unsafe(tmp_path, seed):
+    """A file of random bytes is not 'a checkpoint holding Python objects':
+    the message says corrupt / not a checkpoint, and names the file."""
+    path = tmp_path / 'random.pth'
+    path.write_bytes(np.random.default_rng(seed).integers(0, 256, 4096, np.uint8).tobytes())
+    with pytest.raises(CheckpointLoadError, match='random.pth') as error:
+        load_checkpoint_file(str(path))
+    assert 'holds Python objects' not in str(error.value)
+    assert 'not a PyTorch checkpoint' in str(error.value)
