@@ -25,9 +25,9 @@ and the order). Before any step the script also measures what inserting the
 method does to the pre-trained function: the source-task validation accuracy
 with the pre-trained head, and the relative change of the class-token features.
 
-Time: 4 min of pre-training and 17 min of transfer with one thread on a 2-core
-CPU that four other jobs shared (2026-11-22); ``--cache-dir`` keeps the
-pre-trained ViT for the next run, ``--methods`` runs a subset.
+Time: 5.0 min in all (71 s of pre-training) with one thread on an otherwise idle
+2-core CPU (2026-11-22; 21 min when four other jobs shared it); ``--cache-dir``
+keeps the pre-trained ViT for the next run, ``--methods`` runs a subset.
 """
 import argparse
 import copy
