@@ -133,6 +133,12 @@ class AdapterMixin:
             self._pretrained_loaded = True
             return
         lacking_adapters = [k for k in adapters if k not in incoming]
+        if len(lacking_adapters) == len(adapters):
+            raise PretrainedMismatchError(
+                f'{name}: the state dict{where} holds adapter tensors, but none of '
+                f'this model\'s {len(adapters)}: a checkpoint of another model or '
+                f'config? (it has e.g. {_few(given_adapters, 3)}; the model expects '
+                f'e.g. {_few(adapters, 3)})')
         if lacking_adapters:
             raise PretrainedMismatchError(
                 f'{name}: the state dict{where} holds adapters but lacks '

@@ -6,6 +6,7 @@ from mmdet.models.backbones import SwinTransformer
 from mmdet.models.backbones.swin import swin_converter
 
 from moppa_mm.models import MoPPASwinTransformer
+from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
 from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
 from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
 
@@ -14,7 +15,7 @@ TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4), window_size=7,
 
 
 def adapter_key(key):
-    return '.moppa.' in key or '.conv_adapter.' in key
+    return is_adapter_key(key)  # the package's one predicate
 
 
 def plain_and_moppa(**kwargs):
@@ -256,3 +257,17 @@ def test_without_moppa_keeps_the_conv_adapters(scope):
     with torch.no_grad():
         for got, want in zip(model(x), plain(x)):
             torch.testing.assert_close(got, want)
+
+
+def test_adapters_of_another_model_are_named_as_such():
+    """A checkpoint whose adapters are all another model's (a ViT's given to
+    the Swin) is called a checkpoint of another model, not a partial one."""
+    from moppa_mm.models.backbones import MoPPAVisionTransformer
+    from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
+    vit = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=2,
+                                           feedforward_channels=64),
+                                 img_size=32, patch_size=8)
+    vit_adapters = {k: v for k, v in vit.state_dict().items() if adapter_key(k)}
+    _, moppa = plain_and_moppa()
+    with pytest.raises(PretrainedMismatchError, match='none of this model.*another model'):
+        moppa.load_state_dict(vit_adapters, strict=False)
