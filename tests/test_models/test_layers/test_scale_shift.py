@@ -1,0 +1,143 @@
+"""The scale & shift fused into a frozen linear layer against autograd's
+``(x W^T + c) * scale + shift``: values, every gradient, gradcheck, autocast,
+and the cases that must take the plain path."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from moppa_mm.models.layers import ScaleShift
+from moppa_mm.models.layers.scale_shift import (SCALE_FLOOR, _LinearScaleShift,
+                                                fuse_into_linear)
+
+
+def fused_and_reference(out_features=12, dims=None, offset=0, bias=True, seed=0,
+                        dtype=torch.float32):
+    """A frozen linear layer with a scale & shift fused in, and the
+    reference computation with the same parameters."""
+    torch.manual_seed(seed)
+    linear = nn.Linear(8, out_features, bias=bias).to(dtype).requires_grad_(False)
+    ssf = ScaleShift(dims or out_features, offset=offset).to(dtype)
+    with torch.no_grad():
+        ssf.scale.uniform_(0.5, 1.5)
+        ssf.shift.normal_()
+    fuse_into_linear(linear, ssf)
+
+    def reference(x):
+        return ssf(nn.functional.linear(x, linear.weight, linear.bias))
+
+    return linear, ssf, reference
+
+
+def grads(fn, x, ssf, upstream):
+    x = x.detach().requires_grad_(True)
+    ssf.zero_grad()
+    out = fn(x)
+    out.backward(upstream)
+    return out.detach(), x.grad, ssf.scale.grad.clone(), ssf.shift.grad.clone()
+
+
+@pytest.mark.parametrize('offset,dims,bias', [(0, None, True), (8, 4, True),
+                                              (4, 4, False)])
+def test_fused_equals_autograd(offset, dims, bias):
+    linear, ssf, reference = fused_and_reference(dims=dims, offset=offset, bias=bias)
+    x = torch.randn(3, 5, 8)
+    upstream = torch.randn(3, 5, 12)
+    fused = grads(linear, x, ssf, upstream)
+    expected = grads(reference, x, ssf, upstream)
+    for got, want in zip(fused, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_gradcheck():
+    linear, ssf, _ = fused_and_reference(dims=4, offset=8, dtype=torch.float64)
+    x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, s, b: _LinearScaleShift.apply(a, linear.weight, linear.bias, s, b, 8),
+        (x, ssf.scale, ssf.shift))
+
+
+def test_fused_path_is_taken_and_keeps_only_the_output():
+    """The fused path runs (one saved activation, the output, which the next
+    operation keeps too): the 3-channel-wide raw output is not kept."""
+    linear, ssf, _ = fused_and_reference(out_features=12)
+    x = torch.randn(4, 8, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t) or t, lambda t: t):
+        out = linear(x)
+    assert type(out.grad_fn).__name__ == '_LinearScaleShiftBackward'
+    activations = [t for t in saved if t.shape == out.shape]
+    assert len(activations) == 1 and activations[0].data_ptr() == out.data_ptr()
+
+
+def test_scale_near_zero_takes_the_plain_path():
+    """``x = (y - shift) / scale`` would lose digits: such a layer keeps ``x``
+    (autograd's path) and its gradients stay exact; the check follows the
+    parameter's updates."""
+    linear, ssf, reference = fused_and_reference()
+    x, upstream = torch.randn(4, 8), torch.randn(4, 12)
+    with torch.no_grad():
+        ssf.scale[3] = SCALE_FLOOR / 10
+    out = linear(x.requires_grad_(True))
+    assert type(out.grad_fn).__name__ == 'AddcmulBackward0'
+    x = x.detach()
+    for got, want in zip(grads(linear, x, ssf, upstream), grads(reference, x, ssf, upstream)):
+        torch.testing.assert_close(got, want)
+    with torch.no_grad():
+        ssf.scale[3] = 1.0
+    assert type(linear(x.requires_grad_(True)).grad_fn).__name__ == \
+        '_LinearScaleShiftBackward'
+
+
+def test_trainable_linear_and_disabled_take_the_plain_path():
+    linear, ssf, reference = fused_and_reference()
+    x, upstream = torch.randn(4, 8), torch.randn(4, 12)
+    linear.weight.requires_grad_(True)
+    assert type(linear(x).grad_fn).__name__ == 'AddcmulBackward0'
+    linear.zero_grad()
+    linear(x).backward(upstream)
+    weight_grad = linear.weight.grad.clone()
+    linear.zero_grad()
+    reference(x).backward(upstream)
+    torch.testing.assert_close(weight_grad, linear.weight.grad)
+    ssf.enabled = False
+    torch.testing.assert_close(linear(x), nn.functional.linear(x, linear.weight, linear.bias))
+
+
+@pytest.mark.parametrize('rows', [2, 16])  # below / above in_features (8)
+def test_no_grad_paths(rows):
+    linear, ssf, reference = fused_and_reference(dims=4, offset=8)
+    x = torch.randn(rows, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(linear(x), reference(x))
+
+
+def test_autocast_bfloat16():
+    """Under autocast the matmul runs in bfloat16 like the plain layer's; the
+    gradients come back in the parameters' and input's dtypes, close to
+    float32 autograd's."""
+    linear, ssf, reference = fused_and_reference()
+    x, upstream = torch.randn(16, 8), torch.randn(16, 12)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        fused = grads(linear, x, ssf, upstream)
+    assert fused[0].dtype == torch.bfloat16
+    assert fused[1].dtype == fused[2].dtype == fused[3].dtype == torch.float32
+    expected = grads(reference, x, ssf, upstream)
+    for got, want in zip(fused, expected):
+        torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
+
+
+def test_deepcopy_rebinds_the_fused_forward():
+    linear, ssf, _ = fused_and_reference()
+    holder = nn.Module()
+    holder.linear, holder.ssf = linear, ssf
+    twin = copy.deepcopy(holder)
+    with torch.no_grad():
+        twin.ssf.shift.add_(1.0)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(twin.linear(x), holder.linear(x) + 1.0)
+    assert set(dict(twin.named_parameters())) == {
+        'linear.weight', 'linear.bias', 'ssf.scale', 'ssf.shift'}
