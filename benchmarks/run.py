@@ -68,6 +68,15 @@ def run_sections(names, device: torch.device, quick: bool) -> dict:
     return results
 
 
+def report_path(sections, out):
+    """Where the report goes: ``out`` if given, else docs/benchmarks.md for a
+    run of every section, else nowhere (a partial section would replace the
+    device's whole section)."""
+    if out:
+        return out
+    return DEFAULT_OUT if set(sections) == set(SECTIONS) else None
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,12 +102,11 @@ def main(argv=None):
         raise SystemExit(f'--device {args.device}: torch {torch.__version__} sees no CUDA '
                          'device here; use --device cpu')
     settings = configure(device, args.default_malloc, args.keep_denormals)
-    everything = set(args.sections) == set(SECTIONS)
-    out = args.out or (DEFAULT_OUT if everything else None)
+    out = report_path(args.sections, args.out)
     start = time.time()
     results = run_sections(args.sections, device, args.quick)
     command = 'benchmarks/run.py' + (' --quick' if args.quick else '') + (
-        '' if everything else ' --sections ' + ' '.join(results))
+        '' if set(results) == set(SECTIONS) else ' --sections ' + ' '.join(results))
     section = report.render(results, device, args.quick, command, time.time() - start, settings)
     print(section)
     print('\n'.join(report.checks_text(results)))
