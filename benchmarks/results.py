@@ -25,7 +25,7 @@ class Table:
     @classmethod
     def of_variants(cls, title: str, label_column: str, labels: Mapping[str, str],
                     columns: Mapping[str, Tuple[str, str]],
-                    metrics: Mapping[str, 'Value']) -> 'Table':
+                    metrics: Mapping[str, Value]) -> 'Table':
         """A row per variant, read from ``metrics`` by id.
 
         Args:

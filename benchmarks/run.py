@@ -5,14 +5,16 @@ and writes this device type's section of docs/benchmarks.md (or --out).
     .venv/bin/python benchmarks/run.py                  # full: ~7-10 min on 2 CPU cores
     .venv/bin/python benchmarks/run.py --sections vit   # one section (see --help)
     .venv/bin/python benchmarks/run.py --quick          # tiny sizes: checks the harness
-    python benchmarks/run.py --device cuda              # on a GPU: the CUDA section
+    python benchmarks/run.py --device cuda              # the CUDA section, beside the CPU one
 
-A run of some sections only prints its report (and writes --out or --json if
-given); it does not touch docs/benchmarks.md, whose device section holds all
-sections of one run. Timings are medians of repeated runs after warm-up;
-ratios matter more than absolute times, which depend on the machine. Memory
-is the activations saved for backward, on every device, and on CUDA also the
-allocator's peak. On CPU the run first keeps freed memory in the process
+``--device`` defaults to cuda where torch sees a GPU. A run of some sections
+only prints its report (and writes --out or --json if given); it does not
+touch docs/benchmarks.md, whose device section holds all sections of one run.
+
+Timings are medians of repeated runs after warm-up; ratios matter more than
+absolute times, which depend on the machine. Memory is the activations saved
+for backward, on every device, and on CUDA also the allocator's peak. On CPU
+the run first keeps freed memory in the process
 (:func:`moppa_mm.utils.malloc.keep_freed_memory`, as tools/train.py does):
 without it page faults dominate; ``--default-malloc`` measures that. It also
 flushes denormal floats to zero, as GPUs' fast paths do: x86 cores take a slow
