@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 
 from benchmarks.results import SectionResult, Table
-from benchmarks.sections import vit
+from benchmarks.sections import SHIPPED_UNIT_OPTIONS, vit
 from benchmarks.timing import top_ops
 from moppa_mm.operators import MoPPAUnit
 
@@ -17,7 +17,8 @@ def run(device: torch.device, quick: bool) -> SectionResult:
     result = SectionResult()
 
     shape = (2, 4, 4, 32) if quick else (8, 14, 14, 768)
-    unit = MoPPAUnit(shape[-1], 2 if quick else 12, shape[1:3]).to(device)
+    unit = MoPPAUnit(shape[-1], 2 if quick else 12, shape[1:3],
+                     **SHIPPED_UNIT_OPTIONS).to(device)
     x = torch.randn(*shape, device=device, requires_grad=True)
     grad = torch.randn(*shape, device=device)
     result.tables.append(Table(

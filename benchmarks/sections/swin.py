@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from benchmarks.results import SectionResult, Table, pct
+from benchmarks.sections import SHIPPED_UNIT_OPTIONS
 from benchmarks.timing import interleaved, median_ms, ratio, step_memory_mb
 
 NAME = 'swin'
@@ -34,9 +35,10 @@ def variants(quick: bool) -> List[Variant]:
         Variant('frozen_backward', 'frozen Swin, backward through it',
                 lambda: SwinTransformer(**cfg), True),
         Variant('moppa_window', 'MoPPA + conv adapters (window)',
-                lambda: MoPPASwinTransformer(**cfg), True),
+                lambda: MoPPASwinTransformer(**cfg, moppa_cfg=SHIPPED_UNIT_OPTIONS), True),
         Variant('moppa_global', 'MoPPA + conv adapters (global)',
-                lambda: MoPPASwinTransformer(**cfg, moppa_scope='global'), True),
+                lambda: MoPPASwinTransformer(**cfg, moppa_scope='global',
+                                             moppa_cfg=SHIPPED_UNIT_OPTIONS), True),
     ]
 
 

@@ -4,6 +4,7 @@ per operator; and the multiply-add shares the design implies."""
 import torch
 
 from benchmarks.results import SectionResult, Table, pct
+from benchmarks.sections import SHIPPED_UNIT_OPTIONS
 from benchmarks.timing import op_times
 
 NAME = 'swin_block'
@@ -16,7 +17,8 @@ def run(device: torch.device, quick: bool) -> SectionResult:
     dims, heads, (h, w) = (32, 2, (16, 20)) if quick else (512, 16, (50, 84))
     torch.manual_seed(0)
     model = MoPPASwinTransformer(embed_dims=dims // 4, depths=[1, 1, 2, 1],
-                                 num_heads=[1, 2, heads, 4], window_size=WINDOW).to(device)
+                                 num_heads=[1, 2, heads, 4], window_size=WINDOW,
+                                 moppa_cfg=SHIPPED_UNIT_OPTIONS).to(device)
     block = model.stages[2].blocks[1]  # shifted windows
     x = torch.randn(1, h * w, dims, device=device, requires_grad=True)
     grad = torch.randn(1, h * w, dims, device=device)

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from benchmarks.results import SectionResult, Table
+from benchmarks.sections import SHIPPED_UNIT_OPTIONS
 from benchmarks.timing import block_step, interleaved, median_ms, ratio
 from moppa_mm.operators import MoPPAUnit
 
@@ -61,7 +62,7 @@ def run(device: torch.device, quick: bool) -> SectionResult:
     metrics, rows = result.metrics, []
     for case in cases(quick):
         shape = case.unit_shape
-        unit = MoPPAUnit(shape[-1], case.heads, shape[1:3]).to(device)
+        unit = MoPPAUnit(shape[-1], case.heads, shape[1:3], **SHIPPED_UNIT_OPTIONS).to(device)
         x = torch.randn(*shape, device=device)
         block = case.make_block().to(device)
         for p in block.parameters():

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from benchmarks.results import SectionResult, Table, pct
+from benchmarks.sections import SHIPPED_UNIT_OPTIONS
 from benchmarks.timing import interleaved, median_ms, ratio, step_memory_mb
 
 NAME = 'vit'
@@ -42,8 +43,8 @@ def variants(quick: bool) -> List[Variant]:
             layer.moppa.requires_grad_(False)
         return model
 
-    def moppa():
-        return MoPPAVisionTransformer(arch=arch, **size)
+    def moppa():  # the unit options every shipped config uses
+        return MoPPAVisionTransformer(arch=arch, **size, moppa_cfg=SHIPPED_UNIT_OPTIONS)
 
     def lora():
         rank = 1 if quick else 6  # 12 x 6 x (768 + 2304) = 221K, MoPPA: 218K
