@@ -207,6 +207,33 @@ def test_unit_copies_no_activation_beyond_the_class_token_concat():
     assert extra == ['cat', 'cat']  # forward, and the split's backward
 
 
+def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one():
+    """The scale & shift on the first MLP layer and on the attention's value
+    keep the layer's (scaled) output, which GELU and the attention keep anyway:
+    per layer, the MLP's hidden width is kept once, and the qkv width once.
+    Autograd's ``x * scale + shift`` kept the raw output besides (one more of
+    each)."""
+    torch.manual_seed(0)
+    dims, hidden, layers = 32, 64, 2
+    model = MoPPAVisionTransformer(arch=dict(embed_dims=dims, num_layers=layers, num_heads=4,
+                                             feedforward_channels=hidden),
+                                   img_size=32, patch_size=8)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    widths = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params and tensor.dim() == 3:
+            widths.setdefault(tensor.shape[-1], set()).add(storage.data_ptr())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randn(2, 3, 32, 32))[-1].sum().backward()
+    assert len(widths[hidden]) == layers
+    assert len(widths[3 * dims]) == layers
+    assert all(p.grad is not None for n, p in model.named_parameters() if 'ssf_' in n)
+
+
 def test_frozen_stages_freeze_their_adapters_too():
     """As in the MoPPA Swin: the adapters inside frozen layers and the patch
     embedding's scale & shift freeze with them; later layers keep theirs."""
