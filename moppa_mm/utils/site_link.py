@@ -83,8 +83,9 @@ def link_site_package(dist: metadata.Distribution, checkout: str) -> str:
 
 def is_linked(dist: metadata.Distribution, checkout: str) -> bool:
     link = str(dist.locate_file(PACKAGE))
-    return (osp.islink(link) and is_recorded(record_path(dist))
-            and osp.realpath(link) == osp.realpath(osp.join(checkout, PACKAGE)))
+    return (osp.islink(link) and osp.isfile(osp.join(link, '__init__.py'))
+            and osp.realpath(link) == osp.realpath(osp.join(checkout, PACKAGE))
+            and is_recorded(record_path(dist)))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
