@@ -13,13 +13,15 @@ editable finder (setuptools appends that one to ``sys.meta_path``): the same
 files under one module name, so one copy of every module, and edits in the
 checkout take effect at once. The link is added to the distribution's RECORD,
 so ``pip uninstall moppa_mm`` (and the uninstall a reinstall does first)
-removes it, the link only: pip does not follow it.
+removes it, the link only: pip does not follow it. A moved checkout leaves the
+link dangling (imports then fail, as they would without it, and pip skips it on
+uninstall, as a path that does not exist): running this file again replaces it.
 
 ``tools/install.sh`` runs this file by path (it imports nothing from the
 package) after ``pip install -e .``::
 
     python moppa_mm/utils/site_link.py          # link (idempotent)
-    python moppa_mm/utils/site_link.py --check  # exit 1 unless linked
+    python moppa_mm/utils/site_link.py --check  # 0: linked or a normal install
 """
 import argparse
 import csv
