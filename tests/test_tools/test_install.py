@@ -1,5 +1,6 @@
 """The ``moppa_mm::`` config scope from outside the checkout, for the two ways
-users install: editable (what tools/install.sh does) and a normal wheel."""
+users install: editable (what tools/install.sh does) and a normal wheel; and
+the link tools/install.sh adds to an editable install for openmim."""
 import os
 import os.path as osp
 import shutil
@@ -108,7 +109,8 @@ def _site_link(python, *args):
 def test_site_link_of_an_editable_install(tmp_path):
     """tools/install.sh's step for openmim, on an editable install of a copy of
     the checkout: <site-packages>/moppa_mm links to the copy's package, imports
-    go through it, and pip removes the link, only the link, when it uninstalls."""
+    go through it, pip removes the link, only the link, when it uninstalls, and
+    a link left dangling by a moved checkout is replaced."""
     python, site = _throwaway_venv(tmp_path)
     checkout = tmp_path / 'checkout'
     shutil.copytree(osp.join(REPO, 'moppa_mm'), checkout / 'moppa_mm',
@@ -126,12 +128,20 @@ def test_site_link_of_an_editable_install(tmp_path):
     assert _site_link(python, '--check').returncode == 0
     assert _probe(python, tmp_path) == link  # imported through the link
 
-    _pip(python, '-e', str(checkout))  # a reinstall uninstalls first: the link goes
+    moved = tmp_path / 'moved'
+    os.rename(checkout, moved)
+    _pip(python, '-e', str(moved))  # pip's uninstall skips the dangling link
+    assert osp.islink(link) and not osp.exists(link)
+    assert _site_link(python, '--check').returncode == 1
+    assert _site_link(python).returncode == 0
+    assert os.readlink(link) == str(moved / 'moppa_mm')
+
+    _pip(python, '-e', str(moved))  # a reinstall uninstalls first: the link goes
     assert not osp.lexists(link)
     assert _site_link(python).returncode == 0
     result = subprocess.run([python, '-m', 'pip', 'uninstall', '-y', 'moppa_mm'],
                             env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert not osp.lexists(link)
-    assert osp.isfile(checkout / 'moppa_mm' / '__init__.py')  # not followed
-    assert osp.isfile(checkout / 'configs' / 'cascade_moppa_swin_b_coco.py')
+    assert osp.isfile(moved / 'moppa_mm' / '__init__.py')  # not followed
+    assert osp.isfile(moved / 'configs' / 'cascade_moppa_swin_b_coco.py')
