@@ -77,7 +77,9 @@ setup(
         'scipy',
     ],
     extras_require={
-        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard', 'flake8>=7'],
+        # openmim: `mim search/train/test moppa_mm`, tested through its CLI
+        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard', 'flake8>=7',
+                  'openmim>=0.3.9,<0.4'],
         'vis': ['tensorboard'],  # TensorboardVisBackend (route weights, losses)
     },
     cmdclass={'build_py': BuildPy, 'develop': Develop},

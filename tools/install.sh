@@ -6,7 +6,8 @@
 #
 # Idempotent: a second run compares a stamp of the pinned inputs and returns in seconds.
 # On a CUDA machine, install torch and mmcv the OpenMMLab way first (see README.md,
-# "Install on a CUDA machine") and run `pip install -e .` instead of this script.
+# "Install on a CUDA machine") and run `pip install -e .` instead of this script (then
+# `python moppa_mm/utils/site_link.py` for openmim, as step 4 below).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -18,7 +19,11 @@ stamp_inputs() {
   cat "$ROOT/requirements/constraints.txt" "$ROOT/setup.py" "$ROOT/tools/install.sh" | sha256sum | cut -d' ' -f1
 }
 STAMP="$VENV/.moppa_mm_install_stamp"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_inputs)" ]]; then
+# Up to date: same inputs, and the link of step 4 in place (a later `pip install -e .`
+# by hand removes it; this run then installs again).
+SITE_LINK=("$VENV/bin/python" "$ROOT/moppa_mm/utils/site_link.py")
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_inputs)" ]] \
+    && "${SITE_LINK[@]}" --check >/dev/null 2>&1; then
   echo "[install] $VENV is up to date"
   exit 0
 fi
@@ -41,14 +46,21 @@ if ! "$VENV/bin/python" -c "import mmcv.ops" 2>/dev/null; then
     "${PIP[@]}" --no-build-isolation mmcv==2.1.0
 fi
 
-# 3. The rest of the stack and moppa_mm itself (editable), with the test extras.
+# 3. The rest of the stack and moppa_mm itself (editable), with the test extras (pytest,
+#    flake8, openmim...).
 "${PIP[@]}" -q -e "$ROOT[tests]"
 
-# 4. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
+# 4. openmim (`mim search/train/test moppa_mm`) looks for <site-packages>/moppa_mm/.mim,
+#    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's
+#    package (listed in the install's RECORD, so `pip uninstall` removes the link).
+"${SITE_LINK[@]}"
+
+# 5. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
 #    imported (README, "CPU-only quirks"): arm moppa_mm's import hook at interpreter start-up, so
 #    mmdet's and mmpretrain's own tools work too. A no-op where torchvision's ops load.
 "$VENV/bin/python" "$ROOT/moppa_mm/utils/startup.py"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"
+"${SITE_LINK[@]}" --check
 
 stamp_inputs > "$STAMP"
 echo "[install] done in $(( $(date +%s) - start )) s: $VENV"

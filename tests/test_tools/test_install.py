@@ -1,7 +1,9 @@
 """The ``moppa_mm::`` config scope from outside the checkout, for the two ways
-users install: editable (what tools/install.sh does) and a normal wheel."""
+users install: editable (what tools/install.sh does) and a normal wheel; and
+the link tools/install.sh adds to an editable install for openmim."""
 import os
 import os.path as osp
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -67,9 +69,11 @@ def test_scope_with_a_wheel_install(tmp_path):
     assert _probe(sys.executable, tmp_path, str(target)) == str(target / 'moppa_mm')
 
 
-def test_scope_with_an_editable_install(tmp_path):
-    """A throw-away venv that sees the test venv's packages, with moppa_mm
-    installed editable (PEP 660, as pip does it with setuptools >= 64)."""
+def _throwaway_venv(tmp_path):
+    """A venv that sees the test venv's packages but not its moppa_mm (which
+    tools/install.sh links into site-packages): a folder of links to every other
+    entry of the test venv's site-packages, on the path through a ``.pth``.
+    Returns its python and its site-packages."""
     venv = tmp_path / 'venv'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
                    check=True)
@@ -77,9 +81,67 @@ def test_scope_with_an_editable_install(tmp_path):
     site = subprocess.run([python, '-c', 'import sysconfig; '
                            'print(sysconfig.get_paths()["purelib"])'],
                           capture_output=True, text=True, check=True).stdout.strip()
+    packages = tmp_path / 'test_venv_packages'
+    packages.mkdir()
+    for name in os.listdir(SITE_PACKAGES):
+        if name != 'moppa_mm':
+            os.symlink(osp.join(SITE_PACKAGES, name), packages / name)
     with open(osp.join(site, 'test_venv_packages.pth'), 'w') as f:
-        f.write(SITE_PACKAGES + '\n')
+        f.write(f'{packages}\n')
+    return python, site
+
+
+def test_scope_with_an_editable_install(tmp_path):
+    """moppa_mm installed editable (PEP 660, as pip does it with setuptools
+    >= 64), nothing else: the CUDA-machine install."""
+    python, site = _throwaway_venv(tmp_path)
     _pip(python, '-e', REPO)
     assert any(name.startswith('__editable__') for name in os.listdir(site))
     assert not osp.exists(osp.join(site, 'moppa_mm'))  # the code stays in the checkout
     assert _probe(python, tmp_path) == osp.join(REPO, 'moppa_mm')
+
+
+def _site_link(python, *args):
+    return subprocess.run([python, osp.join(REPO, 'moppa_mm/utils/site_link.py'), *args],
+                          env=_clean_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_site_link_of_an_editable_install(tmp_path):
+    """tools/install.sh's step for openmim, on an editable install of a copy of
+    the checkout: <site-packages>/moppa_mm links to the copy's package, imports
+    go through it, pip removes the link, only the link, when it uninstalls, and
+    a link left dangling by a moved checkout is replaced."""
+    python, site = _throwaway_venv(tmp_path)
+    checkout = tmp_path / 'checkout'
+    shutil.copytree(osp.join(REPO, 'moppa_mm'), checkout / 'moppa_mm',
+                    ignore=shutil.ignore_patterns('.mim', '__pycache__'))
+    for name in ('configs', 'tools'):
+        shutil.copytree(osp.join(REPO, name), checkout / name)
+    for name in ('setup.py', 'README.md', 'model-index.yml'):
+        shutil.copy(osp.join(REPO, name), checkout / name)
+    _pip(python, '-e', str(checkout))
+    assert _site_link(python, '--check').returncode == 1  # pip made no link
+    assert _site_link(python).returncode == 0
+    link = osp.join(site, 'moppa_mm')
+    assert osp.islink(link) and os.readlink(link) == str(checkout / 'moppa_mm')
+    assert osp.isfile(osp.join(link, '.mim', 'model-index.yml'))  # where mim looks
+    assert _site_link(python, '--check').returncode == 0
+    assert _probe(python, tmp_path) == link  # imported through the link
+
+    moved = tmp_path / 'moved'
+    os.rename(checkout, moved)
+    _pip(python, '-e', str(moved))  # pip's uninstall skips the dangling link
+    assert osp.islink(link) and not osp.exists(link)
+    assert _site_link(python, '--check').returncode == 1
+    assert _site_link(python).returncode == 0
+    assert os.readlink(link) == str(moved / 'moppa_mm')
+
+    _pip(python, '-e', str(moved))  # a reinstall uninstalls first: the link goes
+    assert not osp.lexists(link)
+    assert _site_link(python).returncode == 0
+    result = subprocess.run([python, '-m', 'pip', 'uninstall', '-y', 'moppa_mm'],
+                            env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not osp.lexists(link)
+    assert osp.isfile(moved / 'moppa_mm' / '__init__.py')  # not followed
+    assert osp.isfile(moved / 'configs' / 'cascade_moppa_swin_b_coco.py')
