@@ -1,3 +1,4 @@
+import ast
 import glob
 import os.path as osp
 
@@ -9,7 +10,13 @@ from moppa_mm.models.backbones.adapter_mixin import adapter_components
 from moppa_mm.utils.params import parameter_table
 from tests.conftest import REPO
 
-CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True))
+# whole configs (the family bases too); the pieces they compose, in the
+# top-level configs/_base_/ (models, datasets, schedules, runtime), are tested
+# below on their own
+SHARED_BASES = sorted(glob.glob(osp.join(REPO, 'configs', '_base_', '**', '*.py'),
+                                recursive=True))
+CONFIGS = sorted(set(glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True))
+                 - set(SHARED_BASES))
 
 
 def test_there_are_configs():
@@ -68,6 +75,43 @@ def test_config_parses_and_builds(path):
                    for n in trainable)
     if 'num_classes' in cfg.model.get('head', {}):
         assert model.head.num_classes == cfg.model.head.num_classes
+
+
+@pytest.mark.parametrize('path', SHARED_BASES, ids=lambda p: osp.relpath(p, REPO))
+def test_shared_base_parses_alone(path):
+    """A piece of configs/_base_/ needs nothing from the config that composes
+    it; a model piece builds."""
+    cfg = Config.fromfile(path)
+    if osp.basename(osp.dirname(path)) == 'models':
+        build_tiny(cfg)
+
+
+def inherited_files(path):
+    """Every file the config at ``path`` inherits, directly or through its
+    bases (scoped bases such as ``mmpretrain::...`` left out)."""
+    module = ast.parse(open(path).read())
+    (bases, ) = [node.value for node in module.body if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], 'id', None) == '_base_'] or [ast.List(elts=[])]
+    names = [bases.value] if isinstance(bases, ast.Constant) else [
+        element.value for element in bases.elts]
+    files = set()
+    for name in names:
+        if '::' not in name:
+            base = osp.normpath(osp.join(osp.dirname(path), name))
+            files |= {base} | inherited_files(base)
+    return files
+
+
+@pytest.mark.parametrize('family', ['vtab1k', 'fgvc', 'moppa'])
+def test_a_family_inherits_only_its_own_bases_and_the_shared_ones(family):
+    """FGVC, VTAB-1K and ImageNet-1K configs compose configs/_base_/ and their
+    own folder's bases, never another family's."""
+    allowed = (osp.join(REPO, 'configs', family) + osp.sep,
+               osp.join(REPO, 'configs', '_base_') + osp.sep)
+    for path in CONFIGS:
+        if path.startswith(allowed[0]):
+            outside = [f for f in inherited_files(path) if not f.startswith(allowed)]
+            assert not outside, (path, outside)
 
 
 def test_generated_configs_are_up_to_date():

@@ -13,6 +13,8 @@ import textwrap
 from tests.conftest import REPO
 
 HEADLINE = 'moppa/cascade-mask-rcnn_moppa-swin-b-p4-w7_fpn_ms-crop-3x_coco.py'
+SHARED_PIECES = ('models/moppa_vit-b-p16.py', 'datasets/vtab1k_bs64.py',
+                 'schedules/bs64_adamw_110e.py', 'default_runtime.py')
 SITE_PACKAGES = sysconfig.get_paths()['purelib']  # the venv running the tests
 
 # Run from a folder outside the checkout: import moppa_mm, then parse a config
@@ -29,6 +31,13 @@ PROBE = textwrap.dedent(f"""
     assert cfg.model == alias.model, 'the headline alias differs from its target'
     print('PACKAGE', osp.dirname(moppa_mm.__file__))
     print('BACKBONE', cfg.model.backbone.type)
+    # a new classification task composed from the shared pieces
+    with open('user_cls_config.py', 'w') as f:
+        f.write("_base_ = [" + ", ".join(
+            repr("moppa_mm::_base_/" + piece) for piece in {SHARED_PIECES!r}) + "]\\n")
+    cls = Config.fromfile('user_cls_config.py')
+    assert cls.train_dataloader.dataset.type == 'VTAB1k', cls.train_dataloader
+    print('CLS_BACKBONE', cls.model.backbone.type)
 """)
 
 
@@ -48,8 +57,9 @@ def _probe(python, tmp_path, extra_path=None):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(' ', 1) for line in result.stdout.splitlines()
-                 if line.startswith(('PACKAGE', 'BACKBONE')))
+                 if line.startswith(('PACKAGE', 'BACKBONE', 'CLS_BACKBONE')))
     assert lines['BACKBONE'] == 'MoPPASwinTransformer'
+    assert lines['CLS_BACKBONE'] == 'MoPPAVisionTransformer'
     return lines['PACKAGE']
 
 

@@ -119,7 +119,9 @@ def _model_entry(config_path: str, pretrain: str, params: float, dataset: str,
 
 
 # ---- Baselines: linear probe, full fine-tuning, scale & shift, LoRA ----
-# ViT-B/16, ImageNet-21K pre-training; bases in configs/{vtab1k,fgvc}/_base_/.
+# ViT-B/16, ImageNet-21K pre-training. Each method's model and hooks are in
+# configs/_base_/models/<method>_vit-b-p16.py; the family bases in
+# configs/{vtab1k,fgvc}/_base_/ add the data, schedule and checkpoint.
 # method -> (description, trainable backbone parameters; the built models'
 # counts, checked by tests/test_configs/test_baselines.py)
 BASELINES = {

@@ -1,23 +1,12 @@
-# Full fine-tuning baseline: mmpretrain's plain VisionTransformer with every
-# parameter trainable. Data, schedule and pre-trained checkpoint are those of
-# the MoPPA FGVC config; the learning rate is 10x lower (all 86M weights move).
-_base_ = './moppa_vit-b-p16_in21k-pre_fgvc.py'
-
-model = dict(backbone=dict(
-    _delete_=True,
-    type='VisionTransformer',
-    arch='b',
-    img_size=224,
-    patch_size=16,
-    drop_path_rate=0.1,
-    out_type='cls_token',
-    final_norm=True,
-    init_cfg=_base_.model.backbone.init_cfg))
-optim_wrapper = dict(optimizer=dict(lr=1e-4))
-custom_hooks = [
-    # freezes nothing; logs the parameter table
-    dict(type='PEFTFreezeHook', trainable=[], frozen=[]),
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
+# Full fine-tuning baseline (configs/_base_/models/full_vit-b-p16.py) on one FGVC data set,
+# with the data, schedule and IN-21K checkpoint of the MoPPA configs
+# (moppa_vit-b-p16_in21k-pre_fgvc.py).
+_base_ = [
+    '../../_base_/models/full_vit-b-p16.py',
+    '../../_base_/datasets/fgvc_bs64.py',
+    '../../_base_/schedules/bs64_adamw_110e.py',
+    '../../_base_/default_runtime.py',
 ]
+pretrained = 'data/pretrained/vit-b-p16_in21k.pth'
+model = dict(backbone=dict(init_cfg=dict(checkpoint=pretrained)))
+optim_wrapper = dict(optimizer=dict(lr=1e-4))  # 10x lower: all 86M weights move

@@ -1,25 +1,11 @@
-# Linear probe baseline: mmpretrain's plain VisionTransformer, frozen whole
-# (frozen_stages=12: patch embedding, position embedding, class token, the 12
-# layers and the final norm); only the task head trains. Data, schedule and
-# pre-trained checkpoint are those of the MoPPA FGVC config.
-_base_ = './moppa_vit-b-p16_in21k-pre_fgvc.py'
-
-model = dict(backbone=dict(
-    _delete_=True,
-    type='VisionTransformer',
-    arch='b',
-    img_size=224,
-    patch_size=16,
-    drop_path_rate=0.0,  # nothing in the backbone learns
-    out_type='cls_token',
-    final_norm=True,
-    frozen_stages=12,
-    init_cfg=_base_.model.backbone.init_cfg))
-custom_hooks = [
-    dict(type='PEFTFreezeHook', trainable=[], frozen=['backbone.*']),
-    # no AdapterCheckpointHook: a plain ViT cannot refill a checkpoint without
-    # its backbone, so checkpoints keep the frozen weights
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
+# Linear probe baseline (configs/_base_/models/linear_vit-b-p16.py) on one FGVC data set,
+# with the data, schedule and IN-21K checkpoint of the MoPPA configs
+# (moppa_vit-b-p16_in21k-pre_fgvc.py).
+_base_ = [
+    '../../_base_/models/linear_vit-b-p16.py',
+    '../../_base_/datasets/fgvc_bs64.py',
+    '../../_base_/schedules/bs64_adamw_110e.py',
+    '../../_base_/default_runtime.py',
 ]
+pretrained = 'data/pretrained/vit-b-p16_in21k.pth'
+model = dict(backbone=dict(init_cfg=dict(checkpoint=pretrained)))

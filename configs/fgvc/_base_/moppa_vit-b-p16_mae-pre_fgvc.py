@@ -1,4 +1,6 @@
-# ImageNet-1K MAE pre-trained ViT-B/16 (see configs/vtab1k/_base_ for conversion).
+# ImageNet-1K MAE pre-trained ViT-B/16 (the VTAB-1K one). Convert it once:
+#   python tools/model_converters/vit_to_mmpretrain.py mae \
+#       mae_pretrain_vit_base.pth data/pretrained/vit-b-p16_mae.pth
 _base_ = './moppa_vit-b-p16_fgvc.py'
 pretrained = 'data/pretrained/vit-b-p16_mae.pth'
 model = dict(backbone=dict(init_cfg=dict(checkpoint=pretrained)))

@@ -1,14 +1,11 @@
-# Scale & shift baseline ("SSF"): the MoPPA ViT without its MoPPA units, i.e.
-# only the learnable scale & shift on the patch embedding, the attention value
-# and output projections and both MLP layers (and the head) train: MoPPA's
-# ablation "w/o MoPPA". Everything else is the MoPPA FGVC config's.
-_base_ = './moppa_vit-b-p16_in21k-pre_fgvc.py'
-
-model = dict(backbone=dict(use_moppa=False))
-custom_hooks = [  # the MoPPA FGVC config's, without RouteRegularizationHook
-    dict(type='PEFTFreezeHook'),
-    dict(type='AdapterCheckpointHook'),
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
+# Scale & shift (SSF) baseline (configs/_base_/models/ssf_vit-b-p16.py) on one FGVC data set,
+# with the data, schedule and IN-21K checkpoint of the MoPPA configs
+# (moppa_vit-b-p16_in21k-pre_fgvc.py).
+_base_ = [
+    '../../_base_/models/ssf_vit-b-p16.py',
+    '../../_base_/datasets/fgvc_bs64.py',
+    '../../_base_/schedules/bs64_adamw_110e.py',
+    '../../_base_/default_runtime.py',
 ]
+pretrained = 'data/pretrained/vit-b-p16_in21k.pth'
+model = dict(backbone=dict(init_cfg=dict(checkpoint=pretrained)))

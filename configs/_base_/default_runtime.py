@@ -1,0 +1,12 @@
+# Runtime shared by the MoPPA classification configs (VTAB-1K, FGVC,
+# ImageNet-1K): mmpretrain's, with moppa_mm imported (its models, data sets and
+# hooks register themselves), a log line every 10 iterations and one checkpoint
+# every 10 epochs, the last one kept. The hooks that go with a fine-tuning
+# method (what trains, what a checkpoint keeps) are in its model base.
+_base_ = 'mmpretrain::_base_/default_runtime.py'
+
+custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)
+
+default_hooks = dict(
+    logger=dict(type='LoggerHook', interval=10),
+    checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=1))
