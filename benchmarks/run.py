@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 import moppa_mm  # noqa: E402,F401
 from moppa_mm.operators import MoPPAUnit, dct2d, idct2d  # noqa: E402
 from moppa_mm.operators.dct import KRON_MAX_TOKENS  # noqa: E402
-from moppa_mm.operators.dct_fft import dct2d_fft, idct2d_fft  # noqa: E402
+from dct_fft import dct2d_fft, idct2d_fft  # noqa: E402  (benchmarks/)
 
 
 # ----------------------------------------------------------------- measuring

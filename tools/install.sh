@@ -45,9 +45,10 @@ fi
 "${PIP[@]}" -q -e "$ROOT[tests]"
 
 # 4. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
-#    imported (README, "CPU-only quirks"): arm moppa_mm's import hook at interpreter start-up, so
-#    mmdet's and mmpretrain's own tools work too. A no-op where torchvision's ops load.
-"$VENV/bin/python" "$ROOT/moppa_mm/utils/startup.py"
+#    imported (README, "CPU-only quirks"): a .pth arms tools/torchvision_ops_fix.py at
+#    interpreter start-up, for every program of the venv (mmdet's and mmpretrain's own
+#    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
+"$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"
 
 stamp_inputs > "$STAMP"

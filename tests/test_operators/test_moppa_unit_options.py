@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from moppa_mm.operators import MoPPAUnit
+from tests.test_operators.reference import expert_terms
 
 
 def cosine_mode(h, w, n, m, channels):
@@ -106,7 +107,7 @@ def test_raw_heat_amplifies_when_kt_negative_softplus_does_not():
         with torch.no_grad():  # k t = -4, as fine-tuning at lr 0.1 reached
             unit.heat_coef.fill_(-4.0)
             unit.heat_time.fill_(1.0)
-        heat = unit.expert_filters((h, w))['heat']
+        heat = expert_terms(unit)['heat']
         assert bool((heat > 1).any()) == grows, heat_param
         assert (heat <= 1).all() or grows
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from mmengine.runner import Runner, load_checkpoint
 
+from preflight import check_config  # tools/
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
-from moppa_mm.utils.preflight import check_config
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
 from tests.test_utils.test_checkpoints import assert_refused, crafted_checkpoint
 

@@ -205,7 +205,7 @@ def test_missing_checkpoint_and_unknown_option_fail_at_start(trained, tmp_path):
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    from moppa_mm.utils.preflight import check_config
+    from preflight import check_config
     cfg = Config.fromfile(trained['config'])
     cfg.model.backbone.init_cfg.checkpoint = '/nonexistent/swin_b.pth'
     with pytest.raises(FileNotFoundError,

@@ -5,7 +5,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from moppa_mm.visualization import point_source_responses
+from analysis.visualize_moppa import point_source_responses  # tools/
 from tests.conftest import PYTHON, REPO, child_env
 
 SIZE, TIME = 65, 12.0
