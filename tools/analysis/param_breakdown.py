@@ -9,7 +9,7 @@ without loading any checkpoint.
 """
 import argparse
 
-import moppa_mm  # noqa: F401  registries, torchvision fix
+import moppa_mm  # noqa: F401  registries
 from mmengine.config import Config, DictAction
 from mmengine.registry import init_default_scope
 
