@@ -27,7 +27,7 @@ filter multiply and ONE additive field in the DCT domain. The filter and field d
 not depend on ``X``; in eval mode they are built once and reused until a
 parameter changes.
 """
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -433,23 +433,6 @@ class MoPPAUnit(nn.Module):
         return out if torch.is_autocast_enabled(x.device.type) else out.to(x.dtype)
 
     # -------------------------------------------------------------- reporting
-    def parameter_breakdown(self) -> Dict[str, int]:
-        """Trainable parameters per expert; the formulas are
-        heat ``L*N + C/N``, wave ``L*N + C/N`` (``L*N`` if the time is shared),
-        poisson ``L*N + C/N``, the router one per expert and the identity gate
-        ``C/N`` (0 with ``init_mode='paper'``)."""
-        groups = {
-            'heat': ('heat_coef', 'heat_time'),
-            'wave': ('wave_coef', 'wave_time'),
-            'poisson': ('source_freq', 'source_channel'),
-            'router': ('route_logits', ),
-            'gate': ('gate', ),
-        }
-        return {
-            group: sum(getattr(self, n).numel() for n in names if hasattr(self, n))
-            for group, names in groups.items()
-        }
-
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'grid_size={self.grid_size}, experts={self.experts}, '

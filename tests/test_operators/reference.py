@@ -1,5 +1,6 @@
 """Eq. 10 term by term, written apart from the operator's fused filter, for
-tests that check the fusion (Eq. 11) against it."""
+tests that check the fusion (Eq. 11) against it; the unit's parameters per
+expert, for the tests of the parameter formulas."""
 import math
 from typing import Dict
 
@@ -34,3 +35,20 @@ def expert_terms(unit: MoPPAUnit) -> Dict[str, torch.Tensor]:
         source = unit.source_freq[..., None] * unit.source_channel  # (H, W, N, C/N)
         terms['poisson'] = source / (omega_sq + unit.eta)
     return {name: term.reshape(h, w, unit.embed_dims) for name, term in terms.items()}
+
+
+# each expert's parameters (and the router's, the identity gate's) by name
+EXPERT_PARAMETERS = {
+    'heat': ('heat_coef', 'heat_time'),
+    'wave': ('wave_coef', 'wave_time'),
+    'poisson': ('source_freq', 'source_channel'),
+    'router': ('route_logits', ),
+    'gate': ('gate', ),
+}
+
+
+def parameter_counts(unit: MoPPAUnit) -> Dict[str, int]:
+    """How many parameters each expert (and the router, the gate) holds."""
+    sizes = {name: param.numel() for name, param in unit.named_parameters()}
+    return {group: sum(sizes.get(name, 0) for name in names)
+            for group, names in EXPERT_PARAMETERS.items()}

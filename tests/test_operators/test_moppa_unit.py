@@ -7,7 +7,7 @@ import torch
 
 from moppa_mm.operators import (MoPPAUnit, dct2d, idct2d, resize_frequency_map,
                                 route_loss_weight, route_regularization)
-from tests.test_operators.reference import expert_terms
+from tests.test_operators.reference import expert_terms, parameter_counts
 
 
 def make_unit(h=5, w=7, dims=6, heads=3, **kwargs):
@@ -131,7 +131,7 @@ def test_parameter_counts_follow_formulas(share_time):
     h, w, dims, heads = 14, 14, 768, 12
     unit = MoPPAUnit(dims, heads, (h, w), share_time=share_time)
     L, N, D = h * w, heads, dims
-    counts = unit.parameter_breakdown()
+    counts = parameter_counts(unit)
     print('\nMoPPA unit 14x14x768, 12 heads:', counts, 'total', sum(counts.values()))
     assert counts['heat'] == L * N + D // N
     assert counts['wave'] == L * N + (0 if share_time else D // N)
