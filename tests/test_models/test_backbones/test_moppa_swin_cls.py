@@ -47,6 +47,7 @@ def test_registered_in_mmpretrain_under_the_detection_name():
 
 def test_trains_a_step_in_an_image_classifier():
     classifier = MODELS.build(dict(
+        _scope_='mmpretrain',  # whatever default scope an earlier test left current
         type='ImageClassifier',
         backbone=dict(type='MoPPASwinTransformer', **TINY),
         neck=dict(type='GlobalAveragePooling'),
