@@ -110,7 +110,8 @@ def startup_line(fix_path: str) -> str:
     # site may process the same site-packages twice (a venv's lib64 -> lib link):
     # only the first copy of the module may arm the hook and own the schemas.
     failed = f'{PTH_NAME}: cannot run {fix_path}: '
-    advice = '; re-run tools/install.sh (or delete this file)\n'
+    advice = ('; run tools/torchvision_ops_fix.py of the moppa_mm checkout again '
+              '(tools/install.sh does), or delete this file\n')
     code = '\n'.join([
         'import importlib.util as u',
         f'if {MODULE_NAME!r} not in sys.modules:',

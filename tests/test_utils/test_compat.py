@@ -67,6 +67,21 @@ def test_startup_pth_makes_torchvision_importable_for_tools_we_do_not_own(tmp_pa
     assert "defined ('nms', 'qnms') False" in result.stdout
 
 
+def test_startup_pth_names_a_fix_file_that_is_gone(tmp_path):
+    """A .pth left behind by a moved or deleted checkout says so at start-up,
+    instead of torchvision failing later with "operator ... does not exist"."""
+    result = python(LOAD_FIX + f'site_dir = {str(tmp_path)!r}\n'
+                    'with open(site_dir + "/" + fix.PTH_NAME, "w") as f:\n'
+                    '    f.write(fix.startup_line("/gone/tools/torchvision_ops_fix.py"))\n'
+                    'import site\n'
+                    'site.addsitedir(site_dir)\n'
+                    'print("started")\n', '-S')
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'started' in result.stdout
+    assert ('moppa_mm_startup.pth: cannot run /gone/tools/torchvision_ops_fix.py: '
+            'FileNotFoundError') in result.stderr
+
+
 def test_fix_defines_only_what_is_missing():
     """Where torchvision's ops exist (a matching build loads its _C library),
     nothing is defined: simulate that by registering them first."""
