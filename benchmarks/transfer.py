@@ -51,14 +51,15 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
 
-import moppa_mm  # noqa: E402,F401
 from mmengine.logging import MMLogger  # noqa: E402
 from mmpretrain.models.backbones import VisionTransformer  # noqa: E402
 from mmpretrain.models.peft import LoRAModel  # noqa: E402
+from shapes_data import SOURCE_CLASSES, TRANSFER_CLASSES, make_images  # noqa: E402
+
+import moppa_mm  # noqa: E402,F401
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer  # noqa: E402
 from moppa_mm.models.converters import plain_to_lora_keys  # noqa: E402
 from moppa_mm.operators import moppa_units  # noqa: E402
-from shapes_data import SOURCE_CLASSES, TRANSFER_CLASSES, make_images  # noqa: E402
 
 SECTION_BEGIN = '<!-- transfer.py: begin -->'
 SECTION_END = '<!-- transfer.py: end -->'

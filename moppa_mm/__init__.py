@@ -1,15 +1,31 @@
 """moppa_mm: MoPPA (Mixture of Physical Priors Adapter) for OpenMMLab.
 
-Importing the package registers its backbones in mmdet's (and mmpretrain's)
-MODELS and its hooks in mmengine's HOOKS; configs do it with
+Importing the package registers its backbones, data sets and hooks in
+mmdet's, mmpretrain's and mmengine's registries, and the ``moppa_mm::`` config
+scope, and does nothing else; configs do it with
 ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
 """
-from .utils.torchvision_compat import ensure_torchvision_importable
 
-ensure_torchvision_importable()  # before anything imports torchvision
 
-from . import datasets, engine, evaluation, models  # noqa: E402,F401
-from .utils import distributed  # noqa: E402,F401
+def _torchvision_ops_missing(error: BaseException) -> ImportError:
+    """The error for a torchvision whose compiled ops do not load (its CUDA-only
+    0.28.0 build on a CPU torch): mmdet's and mmpretrain's imports die in
+    torchvision with "operator torchvision::nms does not exist"."""
+    return ImportError(
+        f'moppa_mm needs mmdet and mmpretrain, which import torchvision, and '
+        f'torchvision fails to import here ({error}): its compiled ops do not load '
+        'with this torch (torchvision 0.28.0 is published only as a CUDA build). '
+        'Fix the environment once: `python tools/torchvision_ops_fix.py` from the '
+        'moppa_mm checkout, with this interpreter (tools/install.sh does it), or '
+        'install a torchvision build that matches your torch.')
+
+
+try:
+    from . import datasets, engine, models  # noqa: F401  (registers them)
+except RuntimeError as error:
+    if 'torchvision::' not in str(error):
+        raise
+    raise _torchvision_ops_missing(error) from error
 
 
 def _register_config_scope() -> None:

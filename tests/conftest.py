@@ -10,6 +10,12 @@ from moppa_mm.utils.malloc import keep_freed_memory
 keep_freed_memory()  # as tools/train.py does on CPU: no page faults per step
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TOOLS = osp.join(REPO, 'tools')
+# the tools' own modules (launch, preflight, cpu_distributed, analysis/...) are
+# imported by their plain names, as the scripts in tools/ import them; appended,
+# so that tools/test.py does not shadow the standard library's ``test``
+if TOOLS not in sys.path:
+    sys.path.append(TOOLS)
 DEMO_CONFIG = osp.join(REPO, 'configs/demo/cascade-mask-rcnn_moppa-swin-demo_fpn_shapes.py')
 PYTHON = sys.executable
 

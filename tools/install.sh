@@ -7,7 +7,7 @@
 # Idempotent: a second run compares a stamp of the pinned inputs and returns in seconds.
 # On a CUDA machine, install torch and mmcv the OpenMMLab way first (see README.md,
 # "Install on a CUDA machine") and run `pip install -e .` instead of this script (then
-# `python moppa_mm/utils/site_link.py` for openmim, as step 4 below).
+# `python tools/site_link.py` for openmim, as step 4 below).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -21,7 +21,7 @@ stamp_inputs() {
 STAMP="$VENV/.moppa_mm_install_stamp"
 # Up to date: same inputs, and the link of step 4 in place (a later `pip install -e .`
 # by hand removes it; this run then installs again).
-SITE_LINK=("$VENV/bin/python" "$ROOT/moppa_mm/utils/site_link.py")
+SITE_LINK=("$VENV/bin/python" "$ROOT/tools/site_link.py")
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_inputs)" ]] \
     && "${SITE_LINK[@]}" --check >/dev/null 2>&1; then
   echo "[install] $VENV is up to date"
@@ -56,9 +56,10 @@ fi
 "${SITE_LINK[@]}"
 
 # 5. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
-#    imported (README, "CPU-only quirks"): arm moppa_mm's import hook at interpreter start-up, so
-#    mmdet's and mmpretrain's own tools work too. A no-op where torchvision's ops load.
-"$VENV/bin/python" "$ROOT/moppa_mm/utils/startup.py"
+#    imported (README, "CPU-only quirks"): a .pth arms tools/torchvision_ops_fix.py at
+#    interpreter start-up, for every program of the venv (mmdet's and mmpretrain's own
+#    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
+"$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"
 "${SITE_LINK[@]}" --check
 

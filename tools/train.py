@@ -5,10 +5,11 @@
         [--auto-scale-lr] [--cfg-options k=v ...] [--launcher pytorch]
 
 Before the Runner is built it checks data and checkpoint paths and, without
-CUDA, sets up gloo for distributed runs (moppa_mm.utils.launch).
+CUDA, sets up gloo for distributed runs (tools/launch.py).
 """
-import moppa_mm  # noqa: F401  first: torchvision fix, registries
-from moppa_mm.utils.launch import run_tool
+from launch import run_tool  # tools/launch.py
+
+import moppa_mm  # noqa: F401  registries
 
 if __name__ == '__main__':
     run_tool('train')

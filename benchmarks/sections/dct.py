@@ -3,11 +3,11 @@ two matmuls with cached bases (separable), and the FFT; with what
 ``method='auto'`` picks, and where the fastest method changes with the grid."""
 import torch
 
+from benchmarks.dct_fft import dct2d_fft, idct2d_fft
 from benchmarks.results import SectionResult, Table
 from benchmarks.timing import interleaved, median_ms
 from moppa_mm.operators import dct2d, idct2d
 from moppa_mm.operators.dct import KRON_MAX_TOKENS
-from moppa_mm.operators.dct_fft import dct2d_fft, idct2d_fft
 
 NAME = 'dct'
 GRIDS = [(7, 7), (8, 8), (10, 10), (12, 12), (14, 14), (28, 28), (56, 56), (100, 100),

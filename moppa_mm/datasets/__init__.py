@@ -1,6 +1,6 @@
 from .coco import CheckedCocoDataset
 from .fgvc import FGVC, FGVC_DATASETS
-from .vtab import VTAB1k, VTAB_GROUPS, VTAB_TASKS
+from .vtab import VTAB_GROUPS, VTAB_TASKS, VTAB1k
 
 __all__ = ['CheckedCocoDataset', 'VTAB1k', 'VTAB_TASKS', 'VTAB_GROUPS', 'FGVC',
            'FGVC_DATASETS']

@@ -1,5 +1,4 @@
-from .hooks import (AdapterCheckpointHook, PEFTFreezeHook, RNGStateHook,
-                    RouteRegularizationHook)
+from .hooks import AdapterCheckpointHook, PEFTFreezeHook, RNGStateHook, RouteRegularizationHook
 from .optimizers import TrainableParamsOptimWrapperConstructor
 
 __all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RNGStateHook',

@@ -27,7 +27,7 @@ filter multiply and ONE additive field in the DCT domain. The filter and field d
 not depend on ``X``; in eval mode they are built once and reused until a
 parameter changes.
 """
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -244,7 +244,6 @@ class MoPPAUnit(nn.Module):
         if init_mode == 'identity':  # blends X and Eq. 11, per channel in a head
             self.gate = nn.Parameter(torch.empty(self.head_dims))
 
-        self.num_filter_builds = 0  # how often the filter/field were computed
         self._eval_cache: Optional[Tuple[tuple, torch.Tensor, torch.Tensor]] = None
         self.reset_parameters()
 
@@ -307,30 +306,6 @@ class MoPPAUnit(nn.Module):
         k = self._freq_param('heat_coef', size)
         return F.softplus(k) if self.heat_param == 'softplus' else k
 
-    def expert_filters(self, size: Tuple[int, int], device=None, dtype=None
-                       ) -> Dict[str, torch.Tensor]:
-        """Each expert's own term on grid ``size``, unweighted, each (H, W, C):
-        heat ``exp(-k w^2 t)``, wave ``cos(c |w| t)`` (multiplicative) and
-        poisson ``SD / (w^2 + eta)`` (additive). The identity gate is not
-        applied here (see :meth:`filter_and_field`)."""
-        h, w = size
-        device = device or self.route_logits.device
-        dtype = dtype or self.route_logits.dtype
-        omega_sq, omega_abs = dct_frequencies(h, w, device, dtype)
-        omega_sq = omega_sq[:, :, None, None]  # (H, W, 1, 1)
-        omega_abs = omega_abs[:, :, None, None]  # (H, W, 1, 1)
-        terms = {}
-        if 'heat' in self.experts:
-            k = self._heat_coef(size)  # (H, W, N, 1)
-            terms['heat'] = torch.exp(-k * omega_sq * self._time('heat'))
-        if 'wave' in self.experts:
-            c = self._freq_param('wave_coef', size)  # (H, W, N, 1)
-            terms['wave'] = torch.cos(c * omega_abs * self._time('wave'))
-        if 'poisson' in self.experts:
-            source = self._freq_param('source_freq', size) * self.source_channel
-            terms['poisson'] = source / (omega_sq + self.eta)  # (H, W, N, C/N)
-        return {name: t.reshape(h, w, self.embed_dims) for name, t in terms.items()}
-
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The fused spectral filter and additive field of Eq. 11, each (H, W, C):
@@ -343,7 +318,6 @@ class MoPPAUnit(nn.Module):
         ``log a1``, and everything that is per frequency and head is combined
         before it is broadcast over the channels of a head.
         """
-        self.num_filter_builds += 1
         h, w = size
         device = device or self.route_logits.device
         dtype = dtype or self.route_logits.dtype
@@ -459,23 +433,6 @@ class MoPPAUnit(nn.Module):
         return out if torch.is_autocast_enabled(x.device.type) else out.to(x.dtype)
 
     # -------------------------------------------------------------- reporting
-    def parameter_breakdown(self) -> Dict[str, int]:
-        """Trainable parameters per expert; the formulas are
-        heat ``L*N + C/N``, wave ``L*N + C/N`` (``L*N`` if the time is shared),
-        poisson ``L*N + C/N``, the router one per expert and the identity gate
-        ``C/N`` (0 with ``init_mode='paper'``)."""
-        groups = {
-            'heat': ('heat_coef', 'heat_time'),
-            'wave': ('wave_coef', 'wave_time'),
-            'poisson': ('source_freq', 'source_channel'),
-            'router': ('route_logits', ),
-            'gate': ('gate', ),
-        }
-        return {
-            group: sum(getattr(self, n).numel() for n in names if hasattr(self, n))
-            for group, names in groups.items()
-        }
-
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'grid_size={self.grid_size}, experts={self.experts}, '

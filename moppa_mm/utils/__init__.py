@@ -1,4 +1,21 @@
-"""Utilities. Importing this package stays light: torch only."""
-from .torchvision_compat import ensure_torchvision_importable, install_import_hook
+"""What the package's models, hooks and converters share, public for scripts
+of your own:
 
-__all__ = ['ensure_torchvision_importable', 'install_import_hook']
+- :mod:`~moppa_mm.utils.checkpoints`: loading checkpoints with
+  ``weights_only=True`` (errors that name the file) and writing ones that load so;
+- :mod:`~moppa_mm.utils.params`: parameter name patterns, freezing, and the
+  total / trainable table per component;
+- :mod:`~moppa_mm.utils.malloc`: :func:`keep_freed_memory`, glibc settings that
+  spare CPU training steps from faulting their freed memory back in
+  (``tools/train.py`` applies it on CPU).
+
+Importing this package imports nothing heavier than torch and numpy.
+"""
+from .checkpoints import CheckpointLoadError, load_checkpoint_file
+from .malloc import keep_freed_memory
+from .params import matches, parameter_table, set_trainable
+
+__all__ = [
+    'CheckpointLoadError', 'load_checkpoint_file', 'keep_freed_memory', 'matches',
+    'parameter_table', 'set_trainable'
+]

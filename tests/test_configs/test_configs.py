@@ -156,6 +156,7 @@ def test_user_config_inherits_through_the_package_scope(tmp_path):
 def test_param_breakdown_tool_for_any_config():
     import subprocess
     import sys
+
     from tests.conftest import child_env
     result = subprocess.run(
         [sys.executable, 'tools/analysis/param_breakdown.py',

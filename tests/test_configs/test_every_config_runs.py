@@ -1,5 +1,5 @@
 """Every shipped config runs: preflight, one real training iteration and one
-validation, through ``moppa_mm.utils.launch`` as ``tools/train.py`` does.
+validation, through ``tools/launch.py`` as ``tools/train.py`` does.
 
 Each config keeps its own data set class, pipeline (sizes shrunk), hooks,
 evaluator, optimizer and schedule; only the architecture is shrunk (a tiny ViT
@@ -18,13 +18,12 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from launch import build_runner, load_config  # tools/
 from mmpretrain.models.backbones import SwinTransformer, VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
-from moppa_mm.demo import prepare_demo
+from moppa_mm.demo import mmdet_swin_to_official, prepare_demo
 from moppa_mm.models.converters import convert, save_backbone
-from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
-from moppa_mm.utils.launch import build_runner, load_config
 from tests.conftest import REPO
 
 BASELINES = ('linear_', 'full_', 'ssf_', 'lora_')

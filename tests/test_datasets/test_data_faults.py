@@ -194,8 +194,7 @@ def test_coco_nothing_left_after_filtering_is_named(coco):
 
 def test_preflight_names_a_missing_evaluator_annotation_file(tmp_path):
     from mmengine.config import Config
-
-    from moppa_mm.utils.preflight import check_config
+    from preflight import check_config
     missing = str(tmp_path / 'instances_val2017.json')
     cfg = Config(dict(val_dataloader=dict(dataset=dict(type='CocoDataset')),
                       val_cfg=dict(), val_evaluator=dict(type='CocoMetric',

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from moppa_mm.datasets import FGVC, VTAB1k, VTAB_GROUPS, VTAB_TASKS
+from moppa_mm.datasets import FGVC, VTAB_GROUPS, VTAB_TASKS, VTAB1k
 
 
 def test_the_19_tasks_and_their_groups():
@@ -60,8 +60,7 @@ def test_fgvc_json_splits(tmp_path):
 
 def test_preflight_uses_the_dataset_class_from_the_registry(tmp_path):
     from mmengine.config import Config
-
-    from moppa_mm.utils.preflight import check_config
+    from preflight import check_config
     cfg = Config(dict(train_dataloader=dict(dataset=dict(
         type='VTAB1k', data_root=str(tmp_path), task='svhn10'))))
     with pytest.raises(ValueError, match="unknown VTAB-1K task 'svhn10'"):
@@ -73,8 +72,9 @@ def test_preflight_uses_the_dataset_class_from_the_registry(tmp_path):
 
 def test_preflight_reads_fgvc_dataset_name_as_an_argument(tmp_path):
     """FGVC's ``dataset='cub'`` is an argument, not a wrapped data set."""
-    from moppa_mm.utils.launch import load_config
-    from moppa_mm.utils.preflight import check_config
+    from launch import load_config
+    from preflight import check_config
+
     from tests.conftest import REPO
     cfg = load_config(f'{REPO}/configs/fgvc/moppa_vit-b-p16_in21k-pre_fgvc-cub.py')
     cfg.model.backbone.init_cfg.checkpoint = None

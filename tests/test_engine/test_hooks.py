@@ -4,11 +4,11 @@ import socket
 import pytest
 import torch
 import torch.distributed as torch_dist
+from cpu_distributed import setup_distributed  # tools/
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from moppa_mm.engine.hooks.peft_freeze_hook import NORM_TYPES
-from moppa_mm.utils.distributed import setup_distributed
 from tests.conftest import tiny_detection_cfg
 
 

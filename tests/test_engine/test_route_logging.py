@@ -21,8 +21,7 @@ def test_stage_of():
 
 def test_route_weights_in_scalars_and_tensorboard(shapes_data, tmp_path):
     pytest.importorskip('tensorboard')  # the [vis] extra
-    from tensorboard.backend.event_processing.event_accumulator import \
-        EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=2)
     cfg.visualizer.vis_backends = [ConfigDict(type='LocalVisBackend'),
                                    ConfigDict(type='TensorboardVisBackend')]

@@ -7,9 +7,8 @@ import torch
 from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.models import MoPPAVisionTransformer
-from moppa_mm.models.converters import (convert, jax_vit_to_mmpretrain,
-                                        mae_to_mmpretrain, mocov3_to_mmpretrain,
-                                        save_backbone)
+from moppa_mm.models.converters import (convert, jax_vit_to_mmpretrain, mae_to_mmpretrain,
+                                        mocov3_to_mmpretrain, save_backbone)
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 TINY = dict(arch=ARCH, img_size=32, patch_size=8)

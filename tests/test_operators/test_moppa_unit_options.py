@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from moppa_mm.operators import MoPPAUnit
+from tests.test_operators.reference import expert_terms, parameter_counts
 
 
 def cosine_mode(h, w, n, m, channels):
@@ -106,7 +107,7 @@ def test_raw_heat_amplifies_when_kt_negative_softplus_does_not():
         with torch.no_grad():  # k t = -4, as fine-tuning at lr 0.1 reached
             unit.heat_coef.fill_(-4.0)
             unit.heat_time.fill_(1.0)
-        heat = unit.expert_filters((h, w))['heat']
+        heat = expert_terms(unit)['heat']
         assert bool((heat > 1).any()) == grows, heat_param
         assert (heat <= 1).all() or grows
 
@@ -143,8 +144,8 @@ def test_gradcheck_identity_softplus(share_time):
 def test_gate_parameter_count():
     paper = MoPPAUnit(768, 12, (14, 14))
     identity = MoPPAUnit(768, 12, (14, 14), init_mode='identity')
-    assert identity.parameter_breakdown()['gate'] == 768 // 12
-    assert paper.parameter_breakdown()['gate'] == 0
+    assert parameter_counts(identity)['gate'] == 768 // 12
+    assert parameter_counts(paper)['gate'] == 0
     assert (sum(p.numel() for p in identity.parameters()) -
             sum(p.numel() for p in paper.parameters())) == 64
 

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 import torch
 from mmengine.runner import Runner, load_checkpoint
+from preflight import check_config  # tools/
 
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
-from moppa_mm.utils.preflight import check_config
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
 from tests.test_utils.test_checkpoints import assert_refused, crafted_checkpoint
 
@@ -129,6 +129,7 @@ def test_broken_pretrained_checkpoint_is_named(trained, tmp_path, damage):
 
 def test_vit_checkpoint_as_swin_pretrained_stops(trained, tmp_path):
     from mmpretrain.models.backbones import VisionTransformer
+
     from moppa_mm.models.converters import save_backbone
     vit = VisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
                                       feedforward_channels=64), img_size=32,
@@ -206,10 +207,11 @@ def test_mmpretrain_apis_match_the_test_tool(tmp_path):
     """get_model / ImageClassificationInferencer on an adapter-only checkpoint
     restore the pre-trained ViT from init_cfg: same scores as tools/test.py."""
     from mmpretrain.apis import ImageClassificationInferencer, get_model
-    from moppa_mm.demo_cls import make_vtab_task
-    from tests.test_tools.test_vtab_pipeline import tiny_vtab_cfg
     from mmpretrain.models.backbones import VisionTransformer
+
+    from moppa_mm.demo_cls import make_vtab_task
     from moppa_mm.models.converters import save_backbone
+    from tests.test_tools.test_vtab_pipeline import tiny_vtab_cfg
     root = str(tmp_path / 'vtab')
     make_vtab_task(root, 'eurosat', dict(train800val200=8, test=4))
     torch.manual_seed(0)

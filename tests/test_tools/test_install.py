@@ -9,7 +9,6 @@ import sys
 import sysconfig
 import textwrap
 
-
 from tests.conftest import REPO
 
 HEADLINE = 'moppa/cascade-mask-rcnn_moppa-swin-b-p4-w7_fpn_ms-crop-3x_coco.py'
@@ -106,13 +105,17 @@ def test_scope_with_an_editable_install(tmp_path):
     >= 64), nothing else: the CUDA-machine install."""
     python, site = _throwaway_venv(tmp_path)
     _pip(python, '-e', REPO)
+    # the environment fix, as the ImportError of `import moppa_mm` asks for it
+    # where torchvision's ops do not load (tools/install.sh runs the same)
+    subprocess.run([python, osp.join(REPO, 'tools', 'torchvision_ops_fix.py')],
+                   check=True, env=_clean_env(), capture_output=True)
     assert any(name.startswith('__editable__') for name in os.listdir(site))
     assert not osp.exists(osp.join(site, 'moppa_mm'))  # the code stays in the checkout
     assert _probe(python, tmp_path) == osp.join(REPO, 'moppa_mm')
 
 
 def _site_link(python, *args):
-    return subprocess.run([python, osp.join(REPO, 'moppa_mm/utils/site_link.py'), *args],
+    return subprocess.run([python, osp.join(REPO, 'tools/site_link.py'), *args],
                           env=_clean_env(), capture_output=True, text=True, timeout=60)
 
 

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 from moppa_mm.demo import prepare_demo
-from tests.test_tools.test_train_test_tools import (logged_test_metrics,
-                                                    same_metrics, val_metrics)
+from tests.test_tools.test_train_test_tools import logged_test_metrics, same_metrics, val_metrics
 
 MIM = osp.join(osp.dirname(sys.executable), 'mim')  # the test venv's openmim
 DEMO = 'cascade-mask-rcnn_moppa-swin-demo_fpn_shapes'  # reads data/shapes_demo/

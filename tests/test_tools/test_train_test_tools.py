@@ -10,8 +10,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import (DEMO_CONFIG, PYTHON, REPO, child_env, dump_cfg,
-                            tiny_detection_cfg)
+from tests.conftest import DEMO_CONFIG, PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
 from tests.test_tools.resume import assert_same_checkpoints, kill_then_resume, train
 
 MMDET_TEST = osp.join(osp.dirname(__import__('mmdet').__file__), '.mim/tools/test.py')
@@ -204,8 +203,7 @@ def test_missing_data_root_fails_at_start(trained, tmp_path):
 def test_missing_checkpoint_and_unknown_option_fail_at_start(trained, tmp_path):
     from mmengine.config import Config
     from mmengine.runner import Runner
-
-    from moppa_mm.utils.preflight import check_config
+    from preflight import check_config
     cfg = Config.fromfile(trained['config'])
     cfg.model.backbone.init_cfg.checkpoint = '/nonexistent/swin_b.pth'
     with pytest.raises(FileNotFoundError,

@@ -4,8 +4,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from analysis.visualize_moppa import point_source_responses  # tools/
 
-from moppa_mm.visualization import point_source_responses
 from tests.conftest import PYTHON, REPO, child_env
 
 SIZE, TIME = 65, 12.0

@@ -9,10 +9,10 @@ without loading any checkpoint.
 """
 import argparse
 
-import moppa_mm  # noqa: F401  registries, torchvision fix
 from mmengine.config import Config, DictAction
 from mmengine.registry import init_default_scope
 
+import moppa_mm  # noqa: F401  registries
 from moppa_mm.engine.hooks.peft_freeze_hook import DEFAULT_COMPONENTS
 from moppa_mm.utils.params import parameter_table
 

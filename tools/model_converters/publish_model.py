@@ -20,9 +20,9 @@ import hashlib
 import os
 import os.path as osp
 
-import moppa_mm  # noqa: F401  registries
 import torch
 
+import moppa_mm  # noqa: F401  registries
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers')

@@ -10,8 +10,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 from mmengine.runner import EpochBasedTrainLoop
 
-from moppa_mm.operators import (MoPPAUnit, moppa_units, route_loss_weight,
-                                route_regularization)
+from moppa_mm.operators import MoPPAUnit, moppa_units, route_loss_weight, route_regularization
 
 
 def stage_of(unit_name: str) -> str:

@@ -5,10 +5,10 @@ import torch
 from mmdet.models.backbones import SwinTransformer
 from mmdet.models.backbones.swin import swin_converter
 
+from moppa_mm.demo import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
 from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
-from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
 
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4), window_size=7,
             out_indices=(0, 1))

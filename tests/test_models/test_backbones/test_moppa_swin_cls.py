@@ -7,11 +7,10 @@ from mmpretrain.models.backbones import SwinTransformer
 from mmpretrain.registry import MODELS
 
 from moppa_mm.datasets import VTAB_TASKS
+from moppa_mm.demo import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
-from moppa_mm.models.backbones.adapter_mixin import (PretrainedMismatchError,
-                                                     is_adapter_key)
+from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError, is_adapter_key
 from moppa_mm.models.converters import convert, save_backbone, swin_to_mmpretrain
-from moppa_mm.utils.swin_checkpoint import mmdet_swin_to_official
 
 ARCH = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4))
 TINY = dict(arch=ARCH, img_size=56, window_size=7, out_indices=(1, ))
@@ -47,6 +46,7 @@ def test_registered_in_mmpretrain_under_the_detection_name():
 
 def test_trains_a_step_in_an_image_classifier():
     classifier = MODELS.build(dict(
+        _scope_='mmpretrain',  # whatever default scope an earlier test left current
         type='ImageClassifier',
         backbone=dict(type='MoPPASwinTransformer', **TINY),
         neck=dict(type='GlobalAveragePooling'),

@@ -8,8 +8,7 @@ import torch
 import torch.nn as nn
 
 from moppa_mm.models.layers import ScaleShift
-from moppa_mm.models.layers.scale_shift import (SCALE_FLOOR, _LinearScaleShift,
-                                                fuse_into_linear)
+from moppa_mm.models.layers.scale_shift import SCALE_FLOOR, _LinearScaleShift, fuse_into_linear
 
 
 def fused_and_reference(out_features=12, dims=None, offset=0, bias=True, seed=0,

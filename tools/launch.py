@@ -1,17 +1,23 @@
 """What tools/train.py and tools/test.py share: they run MMDetection's or
 MMPretrain's own tool (so every flag of those works), with our checks and CPU
-distributed set-up right before the Runner is built."""
+distributed set-up right before the Runner is built.
+
+A module of the tools, not of the package: it imports its neighbours
+(``preflight``, ``cpu_distributed``) by their plain names, as a script in
+``tools/`` sees them; the tests put ``tools/`` on ``sys.path`` the same way.
+"""
 import argparse
 import importlib.util
 import os.path as osp
 import sys
 from typing import List, Optional
 
+# neighbours in tools/
+from cpu_distributed import setup_distributed, shutdown_distributed
 from mmengine.config import Config
+from preflight import check_config
 
-from .distributed import setup_distributed, shutdown_distributed
-from .malloc import keep_freed_memory
-from .preflight import check_config
+from moppa_mm.utils.malloc import keep_freed_memory
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
 TOOL_PACKAGES = ('mmdet', 'mmpretrain')

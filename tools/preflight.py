@@ -1,4 +1,6 @@
-"""Checks that fail in seconds, with the culprit named, instead of hours in."""
+"""Checks that fail in seconds, with the culprit named, instead of hours in:
+what ``tools/train.py`` and ``tools/test.py`` run on the final config before
+the Runner is built (:func:`check_config`)."""
 import os.path as osp
 from typing import Iterator, Tuple
 
@@ -93,7 +95,7 @@ def check_config(cfg, mode: str = 'train') -> None:
     """
     if mode not in SPLITS:
         raise ValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
-    from .checkpoints import load_checkpoint_file
+    from moppa_mm.utils.checkpoints import load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
     if cfg.get('load_from'):
         checkpoints.append(('load_from', cfg.load_from))

@@ -1,7 +1,9 @@
 """Orthonormal DCT-II / DCT-III through the FFT (Makhoul 1980), along any dim.
 
 O(N log N) per line instead of the O(N^2) of a basis matmul; the benchmark
-(``benchmarks/run.py``) measures where, if anywhere, this pays on a device.
+(``benchmarks/run.py``) measures where, if anywhere, this pays on a device. Not
+part of the operator: on CPU it is slower than both matmul forms at every grid
+measured (docs/benchmarks.md), so ``moppa_mm.operators.dct2d`` does not offer it.
 """
 import math
 

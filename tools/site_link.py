@@ -20,8 +20,8 @@ uninstall, as a path that does not exist): running this file again replaces it.
 ``tools/install.sh`` runs this file by path (it imports nothing from the
 package) after ``pip install -e .``::
 
-    python moppa_mm/utils/site_link.py          # link (idempotent)
-    python moppa_mm/utils/site_link.py --check  # 0: linked or a normal install
+    python tools/site_link.py          # link (idempotent)
+    python tools/site_link.py --check  # 0: linked or a normal install
 """
 import argparse
 import csv
