@@ -100,15 +100,19 @@ def _throwaway_venv(tmp_path):
     return python, site
 
 
+def _torchvision_ops_fix(python):
+    """The environment fix, as the ImportError of `import moppa_mm` asks for it
+    where torchvision's ops do not load (tools/install.sh runs the same)."""
+    subprocess.run([python, osp.join(REPO, 'tools', 'torchvision_ops_fix.py')],
+                   check=True, env=_clean_env(), capture_output=True)
+
+
 def test_scope_with_an_editable_install(tmp_path):
     """moppa_mm installed editable (PEP 660, as pip does it with setuptools
     >= 64), nothing else: the CUDA-machine install."""
     python, site = _throwaway_venv(tmp_path)
     _pip(python, '-e', REPO)
-    # the environment fix, as the ImportError of `import moppa_mm` asks for it
-    # where torchvision's ops do not load (tools/install.sh runs the same)
-    subprocess.run([python, osp.join(REPO, 'tools', 'torchvision_ops_fix.py')],
-                   check=True, env=_clean_env(), capture_output=True)
+    _torchvision_ops_fix(python)
     assert any(name.startswith('__editable__') for name in os.listdir(site))
     assert not osp.exists(osp.join(site, 'moppa_mm'))  # the code stays in the checkout
     assert _probe(python, tmp_path) == osp.join(REPO, 'moppa_mm')
@@ -133,6 +137,7 @@ def test_site_link_of_an_editable_install(tmp_path):
     for name in ('setup.py', 'README.md', 'model-index.yml'):
         shutil.copy(osp.join(REPO, name), checkout / name)
     _pip(python, '-e', str(checkout))
+    _torchvision_ops_fix(python)
     assert _site_link(python, '--check').returncode == 1  # pip made no link
     assert _site_link(python).returncode == 0
     link = osp.join(site, 'moppa_mm')
