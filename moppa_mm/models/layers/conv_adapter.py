@@ -69,6 +69,31 @@ class ConvAdapter(nn.Module):
                                           self.up.bias)
 
 
+# The bottleneck's matmuls and 3x3 convolution run markedly slower at an odd
+# width (71 at Swin-B's stage 3) than at a multiple of 8, so the fused path pads
+# the bottleneck with zero channels up to the next multiple of 8 when that adds
+# at most ``PAD_MAX_GROWTH`` of its width. The padded channels are zero all the
+# way through (zero weights, zero bias, GELU(0) = 0) and get no gradient.
+PAD_MULTIPLE = 8
+PAD_MAX_GROWTH = 0.05
+
+
+def padded_width(hidden_dims: int) -> int:
+    """The width the fused path computes a ``hidden_dims`` bottleneck at."""
+    padded = -(-hidden_dims // PAD_MULTIPLE) * PAD_MULTIPLE
+    return padded if padded <= hidden_dims * (1 + PAD_MAX_GROWTH) else hidden_dims
+
+
+def _pad_bottleneck(width, down_w, down_b, conv_w, conv_b, up_w):
+    """Zero-pad the bottleneck's weights from ``r`` to ``width`` channels."""
+    extra = width - down_w.shape[0]
+    if extra == 0:
+        return down_w, down_b, conv_w, conv_b, up_w
+    return (F.pad(down_w, (0, 0, 0, extra)), F.pad(down_b, (0, extra)),
+            F.pad(conv_w, (0, 0, 0, 0, 0, extra, 0, extra)), F.pad(conv_b, (0, extra)),
+            F.pad(up_w, (0, extra)))
+
+
 def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
@@ -86,6 +111,9 @@ class _ConvAdapterFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, norm_input, norm, down_w, down_b, conv_w, conv_b,
                 up_w, up_b):
+        ctx.hidden_dims = down_w.shape[0]  # r; the bottleneck runs at padded_width(r)
+        down_w, down_b, conv_w, conv_b, up_w = _pad_bottleneck(
+            padded_width(ctx.hidden_dims), down_w, down_b, conv_w, conv_b, up_w)
         hidden = F.linear(x, down_w, down_b).permute(0, 3, 1, 2)  # (B, r, H, W)
         pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)  # (B, r, H, W)
         act = F.gelu(pre_act).permute(0, 2, 3, 1)  # (B, H, W, r)
@@ -102,7 +130,8 @@ class _ConvAdapterFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         norm_input, hidden, pre_act, down_w, conv_w, up_w = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        embed_dims, hidden_dims = up_w.shape
+        embed_dims, hidden_dims = up_w.shape  # the padded width
+        r = ctx.hidden_dims
         # the forward's compute dtype (lower under autocast, which is off here)
         dtype = pre_act.dtype
         down_w, conv_w, up_w = (w.to(dtype) for w in (down_w, conv_w, up_w))
@@ -133,6 +162,12 @@ class _ConvAdapterFunction(torch.autograd.Function):
             grad_down_w = grad_hidden.t().mm(x.to(dtype))
         if needs[4]:
             grad_down_b = grad_hidden.sum(0)
+        if hidden_dims != r:  # the padded channels' gradients are dropped
+            grad_down_w = grad_down_w[:r] if grad_down_w is not None else None
+            grad_down_b = grad_down_b[:r] if grad_down_b is not None else None
+            grad_conv_w = grad_conv_w[:r, :r] if grad_conv_w is not None else None
+            grad_conv_b = grad_conv_b[:r] if grad_conv_b is not None else None
+            grad_up_w = grad_up_w[:, :r] if grad_up_w is not None else None
         return (grad_x, None, None, grad_down_w, grad_down_b, grad_conv_w,
                 grad_conv_b, grad_up_w, grad_up_b)
 

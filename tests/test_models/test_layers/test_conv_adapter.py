@@ -44,6 +44,34 @@ def test_forward_after_norm_gradcheck():
     assert torch.autograd.gradcheck(fn, (source, *params))
 
 
+def test_padded_bottleneck_matches_autograd():
+    """A bottleneck the fused path pads with zero channels (39 -> 40, as Swin-B's
+    71 -> 72): same output and gradients as autograd's unpadded forward, in
+    float64 (gradcheck) and float32, and the padded channels leave no trace in
+    the parameters' gradients."""
+    from moppa_mm.models.layers.conv_adapter import padded_width
+    assert padded_width(39) == 40 and padded_width(71) == 72 and padded_width(18) == 18
+    adapter, norm = _adapter_and_norm(torch.float64, channels=6, hidden=39)
+    source = torch.randn(1, 3, 4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda s, *p: adapter.forward_after_norm(norm(s), s, norm),
+        (source, *adapter.parameters()))
+    adapter, norm = _adapter_and_norm(channels=16, hidden=39)
+    source = torch.randn(2, 5, 6, 16)
+    grad = torch.randn(2, 5, 6, 16)
+    results = []
+    for lean in (True, False):
+        adapter.zero_grad()
+        src = source.clone().requires_grad_(True)
+        x = norm(src)
+        out = adapter.forward_after_norm(x, src, norm) if lean else adapter(x)
+        out.backward(grad)
+        results.append([out, src.grad] + [p.grad for p in adapter.parameters()])
+    for got, want in zip(*results):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_forward_after_norm_matches_autograd_and_saves_less():
     adapter, norm = _adapter_and_norm(channels=32, hidden=4)
     reference = copy.deepcopy(adapter)
