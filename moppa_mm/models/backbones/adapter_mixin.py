@@ -1,8 +1,10 @@
 """What the MoPPA backbones share: switching adapters off, re-initialising them
 after the base class's ``init_weights``, checking every state dict loaded into
-them, and the parameter breakdown."""
+them, checking the fused scale & shift layers' scales once per forward, and the
+parameter breakdown."""
 from typing import Dict, Optional, Sequence, Tuple
 
+import torch
 from mmengine.config import ConfigDict
 from mmengine.logging import print_log
 
@@ -10,6 +12,7 @@ from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.moppa_unit import FREQ_PARAMS
 from moppa_mm.utils.checkpoints import naming_checkpoint
 from moppa_mm.utils.params import matches, parameter_table
+from ..layers.scale_shift import ScaleShift, check_scale_floors
 
 # The adapters' parameter names (relative to the backbone), by kind: the one
 # place they are spelled. Everything else in a MoPPA backbone is the frozen
@@ -69,11 +72,20 @@ class AdapterMixin:
     def _register_state_dict_check(self) -> None:
         """Call at the end of ``__init__``: after the base classes' own pre-hooks
         (mmpretrain's ViT resizes ``pos_embed`` in one), so that shapes are
-        compared as they will be loaded."""
+        compared as they will be loaded. Also registers the forward pre-hook
+        that checks every scale & shift layer's scale at once."""
+        self.register_forward_pre_hook(self._check_scale_floors)
         self._pretrained_loaded = False
         self._checkpoint_source: Optional[str] = None
         self._register_load_state_dict_pre_hook(self._check_incoming_state,
                                                 with_module=False)
+
+    def _check_scale_floors(self, module, args) -> None:
+        """Before a forward that will need gradients: the fused scale & shift
+        layers' scale-floor checks, all at once (one device read-back per
+        optimizer step instead of one per layer)."""
+        if torch.is_grad_enabled():
+            check_scale_floors([m for m in self.modules() if isinstance(m, ScaleShift)])
 
     def _check_incoming_state(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs) -> None:

@@ -10,7 +10,7 @@ are):
   layer's matmul (:class:`_LinearScaleShift`).
 """
 import functools
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -141,14 +141,16 @@ class ScaleShift(nn.Module):
         """Forward hook: scale & shift the hooked module's output."""
         return self(output) if self.enabled else None
 
+    def _scale_state(self) -> tuple:
+        return self.scale.data_ptr(), self.scale._version
+
     def _scale_clear_of_zero(self) -> bool:
         """``|scale| >= SCALE_FLOOR`` everywhere; checked once per value of the
-        parameter (an optimizer step bumps its version), so a CUDA run reads
-        it back once per step, not once per call."""
-        state = (self.scale.data_ptr(), self.scale._version)
-        if self._floor_check[0] != state:
-            clear = bool(self.scale.detach().abs().min() >= SCALE_FLOOR)
-            self._floor_check = (state, clear)
+        parameter (an optimizer step bumps its version). The backbones check
+        all their scale & shift layers at once before each forward
+        (:func:`check_scale_floors`: one read-back from the device per step)."""
+        if self._floor_check[0] != self._scale_state():
+            check_scale_floors([self])
         return self._floor_check[1]
 
     def linear_forward(self, linear: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
@@ -177,6 +179,21 @@ class ScaleShift(nn.Module):
 
     def extra_repr(self) -> str:
         return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'
+
+
+def check_scale_floors(layers: Sequence[ScaleShift]) -> None:
+    """Check ``|scale| >= SCALE_FLOOR`` for every layer whose scale changed
+    since its last check, reading the results back from the device once."""
+    stale = [layer for layer in layers if layer._floor_check[0] != layer._scale_state()]
+    if not stale:
+        return
+    with torch.no_grad():
+        minima = [layer.scale.detach().abs().min() for layer in stale]
+        devices = {m.device for m in minima}
+        minima = torch.stack(minima).tolist() if len(devices) == 1 else \
+            [m.item() for m in minima]
+    for layer, minimum in zip(stale, minima):
+        layer._floor_check = (layer._scale_state(), minimum >= SCALE_FLOOR)
 
 
 def fuse_into_linear(linear: nn.Linear, scale_shift: ScaleShift) -> None:

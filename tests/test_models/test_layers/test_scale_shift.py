@@ -140,3 +140,24 @@ def test_deepcopy_rebinds_the_fused_forward():
         torch.testing.assert_close(twin.linear(x), holder.linear(x) + 1.0)
     assert set(dict(twin.named_parameters())) == {
         'linear.weight', 'linear.bias', 'ssf.scale', 'ssf.shift'}
+
+
+def test_backbone_checks_every_scale_once_before_its_forward():
+    """The MoPPA ViT checks all its scale & shift layers' scales in one go
+    before a forward with gradients (one read-back from the device per step);
+    an update to one scale is seen at the next forward."""
+    from moppa_mm.models import MoPPAVisionTransformer
+    model = MoPPAVisionTransformer(arch=dict(embed_dims=16, num_layers=2, num_heads=2,
+                                             feedforward_channels=32),
+                                   img_size=16, patch_size=8)
+    layers = [m for m in model.modules() if isinstance(m, ScaleShift)]
+    checks = []
+    model.register_forward_pre_hook(  # after the backbone's own pre-hook
+        lambda module, args: checks.append([m._floor_check for m in layers]))
+    model(torch.randn(1, 3, 16, 16))
+    assert all(check[0] == m._scale_state() and check[1] for m, check in zip(layers, checks[0]))
+    fc1 = model.layers[1].ffn.ssf_fc1
+    with torch.no_grad():
+        fc1.scale[0] = SCALE_FLOOR / 2
+    model(torch.randn(1, 3, 16, 16))
+    assert checks[1][layers.index(fc1)] == (fc1._scale_state(), False)
