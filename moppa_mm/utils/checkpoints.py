@@ -132,9 +132,11 @@ def _decode_ndarray(item: dict) -> np.ndarray:
 
 def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
     """A copy of ``obj`` that ``torch.load(weights_only=True)`` reads: numpy
-    arrays and scalars and mmengine's ``HistoryBuffer`` become tagged dicts,
-    tuples become tagged lists; containers are rebuilt, tensors and other
-    plain leaves are kept as they are.
+    arrays and scalars and mmengine's ``HistoryBuffer`` become tagged dicts;
+    containers (dicts, lists, tuples) are rebuilt, tensors and other plain
+    leaves are kept as they are. Whatever needs no tag stays as it is, so a
+    loader that never decodes (mmpretrain's ``get_model``, mmdet's
+    ``init_detector`` reading ``meta['dataset_meta']``) sees it as saved.
 
     Raises:
         TypeError: for any other object, naming where it is.
@@ -161,8 +163,7 @@ def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
     if isinstance(obj, list):
         return [to_plain(v, f'{where}[{i}]') for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return {_TAG: 'tuple', 'items': [to_plain(v, f'{where}[{i}]')
-                                         for i, v in enumerate(obj)]}
+        return tuple(to_plain(v, f'{where}[{i}]') for i, v in enumerate(obj))
     raise TypeError(f'{where} holds a {type(obj).__module__}.{type(obj).__name__}, '
                     'which torch.load(weights_only=True) cannot read')
 
@@ -178,7 +179,7 @@ def from_plain(obj: Any) -> Any:
             return _decode_ndarray(obj)
         if kind == 'npscalar':
             return _decode_ndarray(obj['value'])[()]
-        if kind == 'tuple':
+        if kind == 'tuple':  # as written before tuples were kept as tuples
             return tuple(from_plain(v) for v in obj['items'])
         if kind == 'HistoryBuffer':
             return HistoryBuffer(_decode_ndarray(obj['log']),
@@ -189,4 +190,6 @@ def from_plain(obj: Any) -> Any:
         return obj
     if isinstance(obj, list):
         obj[:] = [from_plain(v) for v in obj]
+    elif isinstance(obj, tuple):  # rebuilt: its items may hold tagged values
+        return tuple(from_plain(v) for v in obj)
     return obj

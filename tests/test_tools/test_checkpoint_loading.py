@@ -240,3 +240,10 @@ def test_mmpretrain_apis_match_the_test_tool(tmp_path):
                                                device='cpu')
     scores = inferencer(image, return_datasamples=True)[0].pred_score
     torch.testing.assert_close(torch.as_tensor(scores), expected)
+    # the default output names the class from the checkpoint's dataset_meta,
+    # which a plain checkpoint keeps as saved (tuples included)
+    prediction = inferencer(image)[0]
+    label = int(expected.argmax())
+    assert prediction['pred_label'] == label
+    classes = torch.load(ckpt, weights_only=True)['meta']['dataset_meta']['classes']
+    assert isinstance(classes, tuple) and prediction['pred_class'] == classes[label]
