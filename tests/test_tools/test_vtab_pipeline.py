@@ -245,3 +245,29 @@ def test_frozen_stages_keep_their_adapters_frozen_through_the_hooks(vtab_root, t
     trainable = {n for n, p in runner.model.named_parameters() if p.requires_grad}
     assert trainable == {n for n in names if n.startswith('head.') or (
         n.startswith('backbone.layers.1.') and ('moppa' in n or 'ssf_' in n))}
+
+
+def test_ema_hook_with_adapter_only_checkpoints(vtab_root, tmp_path):
+    """mmpretrain's EMAHook added to a MoPPA config: the adapter-only checkpoint
+    drops the frozen weights from the averaged copy too, so testing it (the
+    hook swaps the averaged weights in) and resuming from it both work."""
+    root, pretrained = vtab_root
+    work_dir = str(tmp_path / 'ema')
+    cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', work_dir)
+    cfg.custom_hooks.append(ConfigDict(type='EMAHook', momentum=0.1))
+    Runner.from_cfg(cfg.copy()).train()
+    ckpt = torch.load(osp.join(work_dir, 'epoch_2.pth'), weights_only=True)
+    state, ema = ckpt['state_dict'], ckpt['ema_state_dict']
+    assert not any(k.startswith('backbone.') and 'moppa' not in k and 'ssf_' not in k
+                   for k in state)
+    assert {k[len('module.'):] for k in ema if k.startswith('module.')} == set(state)
+    test_cfg = cfg.copy()
+    test_cfg.load_from = osp.join(work_dir, 'epoch_2.pth')
+    test_cfg.work_dir = str(tmp_path / 'test')
+    metrics = Runner.from_cfg(test_cfg).test()
+    assert 'accuracy/top1' in metrics
+    resume_cfg = cfg.copy()
+    resume_cfg.resume, resume_cfg.load_from = True, osp.join(work_dir, 'epoch_1.pth')
+    resume_cfg.work_dir = str(tmp_path / 'resumed')
+    Runner.from_cfg(resume_cfg).train()
+    assert osp.isfile(osp.join(resume_cfg.work_dir, 'epoch_2.pth'))

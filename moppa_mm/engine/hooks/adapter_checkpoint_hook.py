@@ -25,7 +25,9 @@ class AdapterCheckpointHook(Hook):
     """Saves only what training changes.
 
     ``before_save_checkpoint`` drops frozen parameters (and buffers of fully
-    frozen modules) from ``checkpoint['state_dict']`` and marks the checkpoint
+    frozen modules) from ``checkpoint['state_dict']`` (and from the averaged
+    copy an ``EMAHook`` adds, ``ema_state_dict``, whose keys it swaps with
+    ``state_dict``'s on load, so the two must hold the same keys) and marks the checkpoint
     ``meta['adapter_only'] = True``. Loading needs nothing from this hook: the
     MoPPA backbones check every state dict loaded into them and take the frozen
     weights from their pre-trained ``init_cfg`` checkpoint when it lacks them
@@ -55,6 +57,10 @@ class AdapterCheckpointHook(Hook):
         for key in dropped:
             del state[key]
         assert state, 'AdapterCheckpointHook: nothing trainable left to save'
+        ema = checkpoint.get('ema_state_dict')  # mmengine's AveragedModel: 'module.<key>'
+        if isinstance(ema, dict):
+            for key in [k for k in ema if k.startswith('module.') and k[7:] in frozen]:
+                del ema[key]
         checkpoint.setdefault('meta', {})['adapter_only'] = True
         runner.logger.info(f'AdapterCheckpointHook: saving {len(state)} tensors, '
                            f'{len(dropped)} frozen ones left out')
