@@ -19,11 +19,14 @@ stamp_inputs() {
   cat "$ROOT/requirements/constraints.txt" "$ROOT/setup.py" "$ROOT/tools/install.sh" | sha256sum | cut -d' ' -f1
 }
 STAMP="$VENV/.moppa_mm_install_stamp"
-# Up to date: same inputs, and the link of step 4 in place (a later `pip install -e .`
-# by hand removes it; this run then installs again).
+# Up to date: same inputs, the editable install is of this checkout with the link of
+# step 4 in place (a later `pip install -e .` by hand removes it; a checkout copied with
+# its venv still points at the original), and step 5's .pth points at this checkout.
 SITE_LINK=("$VENV/bin/python" "$ROOT/tools/site_link.py")
+OPS_FIX=("$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py")
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_inputs)" ]] \
-    && "${SITE_LINK[@]}" --check >/dev/null 2>&1; then
+    && "${SITE_LINK[@]}" --check >/dev/null 2>&1 \
+    && "${OPS_FIX[@]}" --check >/dev/null 2>&1; then
   echo "[install] $VENV is up to date"
   exit 0
 fi
@@ -59,7 +62,7 @@ fi
 #    imported (README, "CPU-only quirks"): a .pth arms tools/torchvision_ops_fix.py at
 #    interpreter start-up, for every program of the venv (mmdet's and mmpretrain's own
 #    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
-"$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py"
+"${OPS_FIX[@]}"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"
 "${SITE_LINK[@]}" --check
 

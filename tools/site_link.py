@@ -93,7 +93,8 @@ def is_linked(dist: metadata.Distribution, checkout: str) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--check', action='store_true',
-                        help='change nothing; exit 1 unless the link is in place')
+                        help='change nothing; exit 1 unless the install is an editable '
+                        'one of THIS checkout with its link in place (or a normal install)')
     args = parser.parse_args(argv)
     try:
         dist = metadata.distribution(PACKAGE)
@@ -104,8 +105,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if checkout is None:  # a normal install: site-packages/moppa_mm is the package
         print(f'{PACKAGE} is a normal install: mim finds it as it is')
         return 0
-    if args.check:
-        return 0 if is_linked(dist, checkout) else 1
+    if args.check:  # a copied checkout with its venv still points at the original
+        this_checkout = osp.dirname(osp.dirname(osp.abspath(__file__)))
+        same = osp.realpath(checkout) == osp.realpath(this_checkout)
+        return 0 if same and is_linked(dist, checkout) else 1
     print(f'linked {link_site_package(dist, checkout)} -> {checkout}/{PACKAGE}')
     return 0
 

@@ -138,13 +138,30 @@ def write_startup_pth(site_dir: str = None) -> str:
     return path
 
 
-def main() -> None:
+def pth_in_place(site_dir: str = None) -> bool:
+    """Whether ``site_dir`` holds the ``.pth`` that :func:`write_startup_pth`
+    writes from this file (a copied checkout's venv points at the original)."""
+    site_dir = site_dir or sysconfig.get_paths()['purelib']
+    try:
+        with open(osp.join(site_dir, PTH_NAME)) as f:
+            return f.read() == startup_line(osp.abspath(__file__))
+    except OSError:
+        return False
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--site-dir', help='where the .pth goes (default: the '
                         "running interpreter's site-packages)")
+    parser.add_argument('--check', action='store_true',
+                        help='change nothing; exit 1 unless the .pth written from '
+                        'this file is in place')
     args = parser.parse_args()
+    if args.check:
+        return 0 if pth_in_place(args.site_dir) else 1
     print(f'wrote {write_startup_pth(args.site_dir)}')
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -118,8 +118,9 @@ def test_scope_with_an_editable_install(tmp_path):
     assert _probe(python, tmp_path) == osp.join(REPO, 'moppa_mm')
 
 
-def _site_link(python, *args):
-    return subprocess.run([python, osp.join(REPO, 'tools/site_link.py'), *args],
+def _site_link(python, root, *args):
+    """``tools/site_link.py`` of the checkout ``root``."""
+    return subprocess.run([python, osp.join(root, 'tools/site_link.py'), *args],
                           env=_clean_env(), capture_output=True, text=True, timeout=60)
 
 
@@ -138,25 +139,31 @@ def test_site_link_of_an_editable_install(tmp_path):
         shutil.copy(osp.join(REPO, name), checkout / name)
     _pip(python, '-e', str(checkout))
     _torchvision_ops_fix(python)
-    assert _site_link(python, '--check').returncode == 1  # pip made no link
-    assert _site_link(python).returncode == 0
+    assert _site_link(python, checkout, '--check').returncode == 1  # pip made no link
+    assert _site_link(python, checkout).returncode == 0
     link = osp.join(site, 'moppa_mm')
     assert osp.islink(link) and os.readlink(link) == str(checkout / 'moppa_mm')
     assert osp.isfile(osp.join(link, '.mim', 'model-index.yml'))  # where mim looks
-    assert _site_link(python, '--check').returncode == 0
+    assert _site_link(python, checkout, '--check').returncode == 0
     assert _probe(python, tmp_path) == link  # imported through the link
+    # install.sh's up-to-date test, run from another checkout (copied with the
+    # venv): the install is not of that checkout, nor the .pth (written from REPO)
+    assert _site_link(python, REPO, '--check').returncode == 1
+    ops_fix = [python, 'tools/torchvision_ops_fix.py', '--check']
+    assert subprocess.run(ops_fix, cwd=REPO, env=_clean_env()).returncode == 0
+    assert subprocess.run(ops_fix, cwd=checkout, env=_clean_env()).returncode == 1
 
     moved = tmp_path / 'moved'
     os.rename(checkout, moved)
     _pip(python, '-e', str(moved))  # pip's uninstall skips the dangling link
     assert osp.islink(link) and not osp.exists(link)
-    assert _site_link(python, '--check').returncode == 1
-    assert _site_link(python).returncode == 0
+    assert _site_link(python, moved, '--check').returncode == 1
+    assert _site_link(python, moved).returncode == 0
     assert os.readlink(link) == str(moved / 'moppa_mm')
 
     _pip(python, '-e', str(moved))  # a reinstall uninstalls first: the link goes
     assert not osp.lexists(link)
-    assert _site_link(python).returncode == 0
+    assert _site_link(python, moved).returncode == 0
     result = subprocess.run([python, '-m', 'pip', 'uninstall', '-y', 'moppa_mm'],
                             env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
