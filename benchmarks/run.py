@@ -70,25 +70,27 @@ def run_sections(names, device: torch.device, quick: bool) -> dict:
     return results
 
 
-def report_path(sections, out):
+def report_path(sections, out, quick=False):
     """Where the report goes: ``out`` if given, else docs/benchmarks.md for a
-    run of every section, else nowhere (a partial section would replace the
-    device's whole section)."""
+    full-size run of every section, else nowhere (a partial section would
+    replace the device's whole section; tiny ``--quick`` sizes measure
+    nothing worth keeping)."""
     if out:
         return out
-    return DEFAULT_OUT if set(sections) == set(SECTIONS) else None
+    return DEFAULT_OUT if set(sections) == set(SECTIONS) and not quick else None
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--quick', action='store_true', help='tiny sizes')
+    parser.add_argument('--quick', action='store_true',
+                        help='tiny sizes (checks the harness; writes only an --out you name)')
     parser.add_argument('--sections', nargs='+', choices=list(SECTIONS), default=list(SECTIONS),
                         metavar='NAME', help=f'run these only, of: {" ".join(SECTIONS)}')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default=None,
-                        help='the report to update (default: docs/benchmarks.md for a run of '
-                        'all sections, none for a run of some)')
+                        help='the report to update (default: docs/benchmarks.md for a full-size '
+                        'run of all sections, none for a run of some or a --quick one)')
     parser.add_argument('--json', default=None, help='also write every result by id here')
     parser.add_argument('--default-malloc', action='store_true',
                         help="keep glibc's defaults (freed memory goes back to the OS)")
@@ -104,7 +106,7 @@ def main(argv=None):
         raise SystemExit(f'--device {args.device}: torch {torch.__version__} sees no CUDA '
                          'device here; use --device cpu')
     settings = configure(device, args.default_malloc, args.keep_denormals)
-    out = report_path(args.sections, args.out)
+    out = report_path(args.sections, args.out, args.quick)
     start = time.time()
     results = run_sections(args.sections, device, args.quick)
     command = 'benchmarks/run.py' + (' --quick' if args.quick else '') + (
@@ -112,6 +114,8 @@ def main(argv=None):
     section = report.render(results, device, args.quick, command, time.time() - start, settings)
     print(section)
     print('\n'.join(report.checks_text(results)))
+    if args.quick:
+        print('[benchmarks] --quick: tiny models, the targets above mean nothing')
     if out:
         report.merge(out, section, device)
         print(f'[benchmarks] wrote {out}')

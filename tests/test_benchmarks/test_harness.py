@@ -125,6 +125,8 @@ def test_a_run_of_some_sections_writes_no_report_unless_asked():
     assert run.report_path(['dct'], None) is None
     assert run.report_path(list(SECTIONS), None) == run.DEFAULT_OUT
     assert run.report_path(['dct'], 'x.md') == 'x.md'
+    assert run.report_path(list(SECTIONS), None, quick=True) is None  # tiny sizes
+    assert run.report_path(list(SECTIONS), 'x.md', quick=True) == 'x.md'
 
 
 @pytest.mark.slow  # a new process imports torch, mmdet and mmpretrain: 6-15 s here
