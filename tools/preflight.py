@@ -10,18 +10,35 @@ SPLITS = {
 }
 
 
-def _dataset_preflight(type_name):
-    """The ``preflight(cfg)`` of a registered dataset class, if it has one
-    (datasets that know their own inputs: task names, split files)."""
+def _dataset_method(type_name, name: str):
+    """The static method ``name`` of a registered dataset class, if it has one
+    (datasets that know their own inputs: ``preflight(cfg)`` checks task names
+    and split files, ``num_classes(cfg)`` tells the class count)."""
     if not isinstance(type_name, str):
-        return getattr(type_name, 'preflight', None)
+        return getattr(type_name, name, None)
     from mmdet.registry import DATASETS as MMDET_DATASETS
     from mmpretrain.registry import DATASETS as MMPRETRAIN_DATASETS
     for registry in (MMPRETRAIN_DATASETS, MMDET_DATASETS):
         cls = registry.get(type_name)
         if cls is not None:
-            return getattr(cls, 'preflight', None)
+            return getattr(cls, name, None)
     return None
+
+
+def _check_head_classes(cfg, where: str, ds) -> None:
+    """A classification head with fewer outputs than the dataset has classes
+    fails at the first batch holding a larger label (an IndexError that names
+    no config key): stop here, naming both."""
+    count = _dataset_method(ds.get('type'), 'num_classes')
+    head = (cfg.get('model') or {}).get('head') or {}
+    head_classes = head.get('num_classes') if hasattr(head, 'get') else None
+    if count is None or not isinstance(head_classes, int):
+        return
+    classes = count(ds)
+    if head_classes < classes:
+        raise ValueError(
+            f'model.head.num_classes = {head_classes}, but {where} has {classes} '
+            'classes: set model.head.num_classes to the number of classes')
 
 
 def _is_remote(path: str) -> bool:
@@ -103,9 +120,10 @@ def check_config(cfg, mode: str = 'train') -> None:
         if not _is_remote(path):  # missing, empty, truncated, or unsafe
             load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
     for where, ds in _datasets(cfg, mode):
-        preflight = _dataset_preflight(ds.get('type'))
+        preflight = _dataset_method(ds.get('type'), 'preflight')
         if preflight is not None:
             preflight(ds)
+            _check_head_classes(cfg, where, ds)
             continue
         root = ds.get('data_root', '') or ''
         if root and not _is_remote(root) and not osp.isdir(root):

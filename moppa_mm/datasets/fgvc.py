@@ -89,3 +89,9 @@ class FGVC(BaseDataset):
     @staticmethod
     def preflight(cfg: dict) -> None:
         check_fgvc(cfg['data_root'], cfg['dataset'], cfg.get('split', 'train'))
+
+    @staticmethod
+    def num_classes(cfg: dict) -> int:
+        """The classes a dataset config will have (its ``metainfo``'s, else the dataset's)."""
+        classes = (cfg.get('metainfo') or {}).get('classes')
+        return len(classes) if classes is not None else FGVC_DATASETS[cfg['dataset']][0]

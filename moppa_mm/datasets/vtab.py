@@ -106,3 +106,9 @@ class VTAB1k(CustomDataset):
     def preflight(cfg: dict) -> None:
         check_vtab_task(cfg['data_root'], cfg['task'],
                         cfg.get('split', 'train800val200'))
+
+    @staticmethod
+    def num_classes(cfg: dict) -> int:
+        """The classes a dataset config will have (its ``metainfo``'s, else the task's)."""
+        classes = (cfg.get('metainfo') or {}).get('classes')
+        return len(classes) if classes is not None else VTAB_TASKS[cfg['task']]

@@ -86,3 +86,26 @@ def test_preflight_reads_fgvc_dataset_name_as_an_argument(tmp_path):
         check_config(cfg, mode='train')
     with pytest.raises(FileNotFoundError, match=r"'.*/test.json'"):
         check_config(cfg, mode='test')
+
+
+def test_preflight_stops_a_head_smaller_than_the_task(tmp_path):
+    """A child config that changes the task but not the head (or the other way
+    round) would fail at the first batch with an IndexError naming no key."""
+    from mmengine.config import Config
+    from preflight import check_config
+    make_task(tmp_path, 'eurosat', ['images/train/1.jpg 9'])
+    cfg = Config(dict(model=dict(head=dict(num_classes=5)), train_dataloader=dict(
+        dataset=dict(type='VTAB1k', data_root=str(tmp_path), task='eurosat'))))
+    with pytest.raises(ValueError, match=r'model.head.num_classes = 5, but '
+                       r'train_dataloader.dataset has 10 classes'):
+        check_config(cfg)
+    cfg.model.head.num_classes = 10
+    check_config(cfg)
+    cfg.model.head.num_classes = 3  # the dataset's own metainfo counts
+    cfg.train_dataloader.dataset.metainfo = dict(classes=('a', 'b', 'c'))
+    check_config(cfg)
+    fgvc = Config(dict(model=dict(head=dict(num_classes=100)), train_dataloader=dict(
+        dataset=dict(type='FGVC', data_root=str(tmp_path), dataset='cub'))))
+    (tmp_path / 'train.json').write_text('{}')
+    with pytest.raises(ValueError, match='num_classes = 100, but .* has 200 classes'):
+        check_config(fgvc)
