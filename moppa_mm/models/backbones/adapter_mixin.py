@@ -74,7 +74,10 @@ class AdapterMixin:
         (mmpretrain's ViT resizes ``pos_embed`` in one), so that shapes are
         compared as they will be loaded. Also registers the forward pre-hook
         that checks every scale & shift layer's scale at once."""
-        self.register_forward_pre_hook(self._check_scale_floors)
+        # the scale & shift layers, found once (a plain list: deepcopy remaps it)
+        self._scale_shifts = [m for m in self.modules() if isinstance(m, ScaleShift)]
+        if self._scale_shifts:
+            self.register_forward_pre_hook(self._check_scale_floors)
         self._pretrained_loaded = False
         self._checkpoint_source: Optional[str] = None
         self._register_load_state_dict_pre_hook(self._check_incoming_state,
@@ -85,7 +88,7 @@ class AdapterMixin:
         layers' scale-floor checks, all at once (one device read-back per
         optimizer step instead of one per layer)."""
         if torch.is_grad_enabled():
-            check_scale_floors([m for m in self.modules() if isinstance(m, ScaleShift)])
+            check_scale_floors(self._scale_shifts)
 
     def _check_incoming_state(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs) -> None:

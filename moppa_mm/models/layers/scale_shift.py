@@ -23,22 +23,27 @@ from torch.autograd.function import once_differentiable
 SCALE_FLOOR = 1e-3
 
 
+def _scale_rows(rows: torch.Tensor, scale: torch.Tensor, offset: int,
+                shift: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``rows[offset:offset + len(scale)] * scale (+ shift)`` along dim 0, the
+    other rows unchanged: one copy (a weight (out, in) or a bias (out,))."""
+    end = offset + scale.numel()
+    factor = scale.view(-1, *([1] * (rows.dim() - 1)))
+    part = rows[offset:end] * factor if shift is None else \
+        torch.addcmul(shift, rows[offset:end], factor)
+    if (offset, end) == (0, rows.shape[0]):
+        return part
+    return torch.cat([rows[:offset], part, rows[end:]])
+
+
 def _scaled_weight(weight: torch.Tensor, bias: Optional[torch.Tensor],
                    scale: torch.Tensor, shift: torch.Tensor,
                    offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
     output channels ``[offset, offset + len(scale))``, the others unchanged."""
-    dims = scale.numel()
     if bias is None:
         bias = weight.new_zeros(weight.shape[0])
-    if (offset, dims) == (0, weight.shape[0]):
-        return weight * scale[:, None], torch.addcmul(shift, bias, scale)
-    end = offset + dims  # (out, in): one copy, rows of the slice scaled
-    scaled_weight = torch.cat(
-        [weight[:offset], weight[offset:end] * scale[:, None], weight[end:]])
-    scaled_bias = torch.cat(
-        [bias[:offset], torch.addcmul(shift, bias[offset:end], scale), bias[end:]])
-    return scaled_weight, scaled_bias
+    return _scale_rows(weight, scale, offset), _scale_rows(bias, scale, offset, shift)
 
 
 class _LinearScaleShift(torch.autograd.Function):
@@ -77,11 +82,7 @@ class _LinearScaleShift(torch.autograd.Function):
         out, weight, scale, shift = ctx.saved_tensors
         grad_inputs = grad_scale = grad_shift = None
         if ctx.needs_input_grad[0]:
-            end = ctx.offset + scale.numel()
-            scaled_weight = weight * scale[:, None] if (ctx.offset, end) == (
-                0, weight.shape[0]) else torch.cat([
-                    weight[:ctx.offset], weight[ctx.offset:end] * scale[:, None],
-                    weight[end:]])
+            scaled_weight = _scale_rows(weight, scale, ctx.offset)
             grad_inputs = grad.matmul(scaled_weight.to(grad.dtype)).to(ctx.input_dtype)
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
             end = ctx.offset + scale.numel()
