@@ -411,26 +411,45 @@ class MoPPAUnit(nn.Module):
         off, and the spectral multiply-add runs in that dtype too (type
         promotion); the DCTs follow the input's dtype and autocast.
         """
+        return self.inverse(self.filtered_spectrum(x), x.dtype)
+
+    @staticmethod
+    def inverse(spectrum: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The inverse DCT of :meth:`filtered_spectrum` in the dtype ``forward``
+        returns for an input of ``dtype``."""
+        out = idct2d(spectrum)
+        return out if torch.is_autocast_enabled(out.device.type) else out.to(dtype)
+
+    def filtered_spectrum(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 11 up to its inverse DCT, ``DCT2(X) * filter + field`` of ``x``
+        (..., H, W, C), in :meth:`filter_dtype` (``forward`` is
+        :meth:`inverse` of it)."""
+        self._check_input(x)
+        return self.filter_spectrum(dct2d(x))
+
+    def filter_spectrum(self, spectrum: torch.Tensor) -> torch.Tensor:
+        """``spectrum * filter + field`` for the DCT ``spectrum`` (..., H, W, C)
+        of the input, in :meth:`filter_dtype` of its dtype."""
+        self._check_input(spectrum)
+        size = (spectrum.shape[-3], spectrum.shape[-2])
+        dtype = self.filter_dtype(spectrum.dtype)
+        use_cache = not self.training and not (
+            torch.is_grad_enabled() and self.route_logits.requires_grad)
+        with torch.autocast(spectrum.device.type, enabled=False):
+            if use_cache:
+                spectral_filter, field = self._cached_filter_and_field(
+                    size, spectrum.device, dtype)
+            else:
+                spectral_filter, field = self.filter_and_field(size, spectrum.device, dtype)
+        if torch.is_grad_enabled():
+            return _SpectralFilter.apply(spectrum, spectral_filter, field)
+        return torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
+
+    def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() < 3 or x.shape[-1] != self.embed_dims:
             raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
                              f'got {tuple(x.shape)}')
-        size = _check_grid((x.shape[-3], x.shape[-2]), 'the input grid')
-        dtype = self.filter_dtype(x.dtype)
-        use_cache = not self.training and not (
-            torch.is_grad_enabled() and self.route_logits.requires_grad)
-        with torch.autocast(x.device.type, enabled=False):
-            if use_cache:
-                spectral_filter, field = self._cached_filter_and_field(
-                    size, x.device, dtype)
-            else:
-                spectral_filter, field = self.filter_and_field(size, x.device, dtype)
-        spectrum = dct2d(x)  # (..., H, W, C)
-        if torch.is_grad_enabled():
-            spectrum = _SpectralFilter.apply(spectrum, spectral_filter, field)
-        else:
-            spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
-        out = idct2d(spectrum)
-        return out if torch.is_autocast_enabled(x.device.type) else out.to(x.dtype)
+        _check_grid((x.shape[-3], x.shape[-2]), 'the input grid')
 
     # -------------------------------------------------------------- reporting
     def extra_repr(self) -> str:

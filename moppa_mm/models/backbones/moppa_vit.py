@@ -17,6 +17,7 @@ from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit
+from moppa_mm.operators.dct import dct2d_of_suffix, idct2d_after_prefix
 from moppa_mm.utils.params import set_trainable
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift
@@ -54,11 +55,13 @@ class ViTMoPPAUnit(MoPPAUnit):
         x, *rest = args  # (B, extra + H*W, C), after ln1
         batch, tokens, channels = x.shape
         grid = self.patch_grid(tokens - self.num_extra_tokens)
-        # split, not slicing: its backward is one concatenation, where each
-        # slice's backward would fill a zero tensor of the full size
-        extra, patches = x.split(
-            [self.num_extra_tokens, tokens - self.num_extra_tokens], dim=1)
-        patches = self(patches.reshape(batch, *grid, channels))  # (B, H, W, C)
+        # the patch tokens' DCT reads them in place, and the inverse writes
+        # behind the extra tokens: no split or concatenation pass either way
+        extra, spectrum = dct2d_of_suffix(x, self.num_extra_tokens, grid)
+        spectrum = self.filter_spectrum(spectrum)
+        if spectrum.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type):
+            return (idct2d_after_prefix(spectrum, extra), *rest)
+        patches = self.inverse(spectrum, x.dtype)  # (B, H, W, C)
         x = torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
         return (x, *rest)
 

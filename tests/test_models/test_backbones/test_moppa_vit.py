@@ -163,11 +163,12 @@ def test_scale_shift_touches_only_its_slice():
     torch.testing.assert_close(channel_first(z), z * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
 
 
-def test_unit_copies_no_activation_beyond_the_class_token_concat():
+def test_unit_copies_no_activation():
     """The patch tokens reach the unit as a view that skips the class token:
-    the DCT reads it and the inverse's gradient writes it without a copy, so
-    with the unit on, the only extra full-size copies are the concatenation
-    and its backward."""
+    the DCT reads it in place, and the inverse DCT's last matmul writes behind
+    the class token; in backward, the same two matmuls write and read the
+    sequence's gradient in place. With the unit on, no full-size copy is added
+    (a split and concatenation added one each way)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     torch.manual_seed(0)
     model = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=4,
@@ -204,7 +205,7 @@ def test_unit_copies_no_activation_beyond_the_class_token_concat():
     extra = list(copies[True])
     for op in copies[False]:
         extra.remove(op)
-    assert extra == ['cat', 'cat']  # forward, and the split's backward
+    assert extra == []
 
 
 def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one():
@@ -272,3 +273,43 @@ def test_without_moppa_only_scale_shift():
     x = torch.randn(2, 3, 40, 24)  # any grid: no unit needs one
     with torch.no_grad():
         torch.testing.assert_close(model(x)[0], plain(x)[0])
+
+
+@pytest.mark.parametrize('img_size', [32, 80])  # 4x4 patches: Kronecker DCT; 10x10: separable
+@pytest.mark.parametrize('autocast', [False, True])
+def test_unit_hook_equals_split_unit_concatenation(img_size, autocast):
+    """The hook's in-place sequence transforms give what splitting off the class
+    token, calling the unit and concatenating gives: values and the gradients
+    of the tokens and of every unit parameter (under bf16 autocast too, where
+    the hook concatenates)."""
+    torch.manual_seed(0)
+    model = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=4,
+                                             feedforward_channels=64),
+                                   img_size=img_size, patch_size=8,
+                                   moppa_cfg=dict(init_mode='identity', heat_param='softplus'))
+    unit = model.layers[0].moppa
+    with torch.no_grad():
+        unit.gate.uniform_(0.5, 1.5)  # 0 at init: the unit would be the identity
+        unit.source_channel.normal_(0, 1)
+    model.train()
+    h, w = unit.grid_size
+    x = torch.randn(2, 1 + h * w, 32, requires_grad=True)
+    grad = torch.randn(2, 1 + h * w, 32)
+    params = [x] + [p for p in unit.parameters()]
+
+    def reference():
+        patches = unit(x[:, 1:].reshape(2, h, w, 32)).reshape(2, -1, 32)
+        return torch.cat([x[:, :1], patches], dim=1)
+
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        ours = unit.attn_hook(model.layers[0].attn, (x, ))[0]
+        ref = reference()
+    assert ours.dtype == ref.dtype
+    tol = dict(atol=0, rtol=0) if autocast else {}
+    torch.testing.assert_close(ours, ref, **tol)
+    for got, want in zip(torch.autograd.grad(ours, params, grad),
+                         torch.autograd.grad(ref, params, grad)):
+        torch.testing.assert_close(got, want, **tol)
+    with torch.no_grad():  # eval: the cached filter, no autograd
+        model.eval()
+        torch.testing.assert_close(unit.attn_hook(model.layers[0].attn, (x, ))[0], reference())
