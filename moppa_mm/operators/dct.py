@@ -119,13 +119,8 @@ def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
 def _dct(x: torch.Tensor, method: str, inverse: bool) -> torch.Tensor:
     _check_channel_last(x)
     h, w = x.shape[-3], x.shape[-2]
-    if method == 'auto':
-        method = 'kron' if h * w <= KRON_MAX_TOKENS else 'separable'
-    if method == 'kron':
+    if _resolve_method(h, w, method) == 'kron':
         return _kron_transform(x, kron_basis(h, w, inverse, x.device, x.dtype))
-    if method != 'separable':
-        raise ValueError(f"unknown DCT method {method!r}, expected 'auto', "
-                         "'kron' or 'separable'")
     basis_h = dct_basis(h, x.device, x.dtype)
     basis_w = dct_basis(w, x.device, x.dtype)
     if inverse:
@@ -133,24 +128,29 @@ def _dct(x: torch.Tensor, method: str, inverse: bool) -> torch.Tensor:
     return _transform(x, basis_h, basis_w, h_first=not inverse)
 
 
-def _first_pass(h: int, w: int, method: str, device, dtype):
-    """The forward DCT of an (H, W) grid as its first pass and the rest:
-    ``(basis, rows, rest)``: the first pass is ``basis @ t`` on the grid's
-    (B, rows, H*W*C/rows) view, ``rest`` applies the remaining passes to its
-    result viewed (B, H, W, C)."""
+def _resolve_method(h: int, w: int, method: str) -> str:
+    """'kron' or 'separable' for an (H, W) grid."""
     if method == 'auto':
-        method = 'kron' if h * w <= KRON_MAX_TOKENS else 'separable'
-    if method == 'kron':  # (HW, HW) on (B, HW, C): all of it
-        return kron_basis(h, w, False, device, dtype), h * w, lambda t: t
-    if method != 'separable':
+        return 'kron' if h * w <= KRON_MAX_TOKENS else 'separable'
+    if method not in ('kron', 'separable'):
         raise ValueError(f"unknown DCT method {method!r}, expected 'auto', "
                          "'kron' or 'separable'")
+    return method
+
+
+def _first_pass(h: int, w: int, method: str, device, dtype):
+    """The forward DCT of an (H, W) grid as its first pass and the rest:
+    ``(basis, rest)``, the first pass being ``basis @ t`` batched over B on
+    the grid's (B, basis columns, N) view and ``rest`` the remaining passes,
+    applied to the first's result viewed (B, H, W, C)."""
+    if _resolve_method(h, w, method) == 'kron':  # (HW, HW) on (B, HW, C): all of it
+        return kron_basis(h, w, False, device, dtype), lambda t: t
     basis_w = dct_basis(w, device, dtype)
 
     def along_w(t):  # (B*H, W, C): mixes columns
         return torch.matmul(basis_w, t.reshape(-1, w, t.shape[-1])).view(t.shape)
 
-    return dct_basis(h, device, dtype), h, along_w  # H first: (B, H, W*C)
+    return dct_basis(h, device, dtype), along_w  # H first, on (B, H, W*C)
 
 
 def _inverse_last_pass(spectrum: torch.Tensor, method: str):
@@ -159,14 +159,9 @@ def _inverse_last_pass(spectrum: torch.Tensor, method: str):
     over B, with ``t`` (B, K, N) and the result (B, M, N) the row-major
     (B, H*W*C) of the inverse."""
     b, h, w, c = spectrum.shape
-    if method == 'auto':
-        method = 'kron' if h * w <= KRON_MAX_TOKENS else 'separable'
-    if method == 'kron':  # (HW, HW) on (B, HW, C)
+    if _resolve_method(h, w, method) == 'kron':  # (HW, HW) on (B, HW, C)
         basis = kron_basis(h, w, True, spectrum.device, spectrum.dtype)
         return spectrum.reshape(b, h * w, c), basis
-    if method != 'separable':
-        raise ValueError(f"unknown DCT method {method!r}, expected 'auto', "
-                         "'kron' or 'separable'")
     # the inverse runs W first, H last; the H pass's view is (B, H, W*C)
     basis_w = dct_basis(w, spectrum.device, spectrum.dtype).t()
     t = torch.matmul(basis_w, spectrum.reshape(-1, w, c))  # (B*H, W, C)
@@ -263,7 +258,7 @@ def dct2d_of_suffix(tokens: torch.Tensor, num_prefix: int, grid: Tuple[int, int]
     if not _fused_ok(tokens) or not torch.is_grad_enabled():
         prefix, suffix = tokens.split([num_prefix, h * w], dim=1)
         return prefix, dct2d(suffix.reshape(batch, h, w, channels), method)
-    basis, _, rest = _first_pass(h, w, method, tokens.device, tokens.dtype)
+    basis, rest = _first_pass(h, w, method, tokens.device, tokens.dtype)
     prefix, first = _MatmulOfSuffix.apply(tokens, basis, num_prefix)
     return prefix, rest(first.view(batch, h, w, channels))
 
