@@ -20,6 +20,24 @@ FGVC_DATASETS = OrderedDict([
 FGVC_SPLITS = ('train', 'val', 'test')
 
 
+def _refuse_duplicate_keys(split_file: str):
+    """A ``json.load`` ``object_pairs_hook`` that raises, naming ``split_file``
+    and the key, when an object lists a key twice (``json`` keeps the last
+    value without a word: an image would silently take its second label)."""
+
+    def to_dict(pairs):
+        mapping = {}
+        for key, value in pairs:
+            if key in mapping:
+                raise ValueError(
+                    f'{split_file}: image {key!r} is listed twice (labels '
+                    f'{mapping[key]!r} and {value!r}); each image needs one label')
+            mapping[key] = value
+        return mapping
+
+    return to_dict
+
+
 def check_fgvc(data_root: str, dataset: str, split: str) -> str:
     if dataset not in FGVC_DATASETS:
         raise ValueError(f'unknown FGVC dataset {dataset!r}; expected one of '
@@ -57,11 +75,13 @@ class FGVC(BaseDataset):
 
     def load_data_list(self) -> List[dict]:
         """Read ``{image path: class id}``; invalid JSON (named with its line
-        and column), a non-mapping, a non-integer or out-of-range label, a
-        missing or empty image, or an empty split raise naming the file."""
+        and column), a non-mapping, an image listed twice, a non-integer or
+        out-of-range label, a missing or empty image, or an empty split raise
+        naming the file."""
         with open(self.split_file) as f:
             try:
-                mapping = json.load(f)
+                mapping = json.load(
+                    f, object_pairs_hook=_refuse_duplicate_keys(self.split_file))
             except json.JSONDecodeError as error:
                 raise ValueError(
                     f'{self.split_file}:{error.lineno}:{error.colno}: not valid '
@@ -82,9 +102,22 @@ class FGVC(BaseDataset):
                 raise ValueError(f'{where}: label {label} is outside '
                                  f'[0, {num_classes})')
             img_path = osp.join(self.data_root, self.image_prefix, path)
-            check_image_file(img_path, where)
+            try:
+                check_image_file(img_path, where)
+            except FileNotFoundError as error:
+                raise FileNotFoundError(f'{error}{self._prefix_hint(path)}') from None
             data_list.append(dict(img_path=img_path, gt_label=label))
         return data_list
+
+    def _prefix_hint(self, path: str) -> str:
+        """What to change when a key repeats the image folder (``images/x.jpg``
+        resolved to ``<data_root>/images/images/x.jpg``)."""
+        prefix = self.image_prefix.strip('/')
+        if not prefix or not path.startswith(prefix + '/'):
+            return ''
+        return (f'; the JSON keys are relative to {osp.join(self.data_root, prefix)!r} '
+                f'(image_prefix={prefix!r}): drop the leading {prefix + "/"!r} from '
+                "the keys, or set the data set's image_prefix=''")
 
     @staticmethod
     def preflight(cfg: dict) -> None:

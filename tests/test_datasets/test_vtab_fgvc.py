@@ -109,3 +109,26 @@ def test_preflight_stops_a_head_smaller_than_the_task(tmp_path):
     (tmp_path / 'train.json').write_text('{}')
     with pytest.raises(ValueError, match='num_classes = 100, but .* has 200 classes'):
         check_config(fgvc)
+
+
+def test_fgvc_refuses_an_image_listed_twice(tmp_path):
+    """``json`` keeps the last of two equal keys without a word: the image
+    would train with its second label only."""
+    (tmp_path / 'images').mkdir()
+    (tmp_path / 'images' / 'a.jpg').write_bytes(b'jpeg')
+    (tmp_path / 'train.json').write_text('{"a.jpg": 3, "a.jpg": 4}')
+    with pytest.raises(ValueError, match=r"train.json: image 'a.jpg' is listed "
+                                         r'twice \(labels 3 and 4\)'):
+        FGVC(str(tmp_path), 'cub', 'train')
+
+
+def test_fgvc_names_the_image_folder_a_key_repeats(tmp_path):
+    """CUB's keys are relative to ``<data_root>/images/``: a key that starts
+    with ``images/`` points at ``images/images/``; the error says what to change."""
+    (tmp_path / 'images').mkdir()
+    (tmp_path / 'images' / 'a.jpg').write_bytes(b'jpeg')
+    (tmp_path / 'train.json').write_text(json.dumps({'images/a.jpg': 0}))
+    with pytest.raises(FileNotFoundError, match=r"images/images/a.jpg'; the JSON "
+                       r"keys are relative to '.*/images' .*drop the leading 'images/'"):
+        FGVC(str(tmp_path), 'cub', 'train')
+    assert len(FGVC(str(tmp_path), 'cub', 'train', image_prefix='')) == 1
