@@ -1,8 +1,11 @@
 """Checks that fail in seconds, with the culprit named, instead of hours in:
 what ``tools/train.py`` and ``tools/test.py`` run on the final config before
 the Runner is built (:func:`check_config`)."""
+import inspect
 import os.path as osp
-from typing import Iterator, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from mmengine.logging import print_log
 
 SPLITS = {
     'train': ('train_dataloader', 'val_dataloader'),
@@ -39,6 +42,233 @@ def _check_head_classes(cfg, where: str, ds) -> None:
         raise ValueError(
             f'model.head.num_classes = {head_classes}, but {where} has {classes} '
             'classes: set model.head.num_classes to the number of classes')
+
+
+# the heads whose num_classes mmdet needs equal to the data set's class count:
+# a smaller head fails in training (mmdet's losses index it with the label), a
+# larger one in evaluation (CocoMetric maps each predicted label to a category)
+DETECTION_HEAD_KEYS = ('bbox_head', 'mask_head')
+
+
+def _detection_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
+    """``(config key, num_classes)`` of every class-specific bbox and mask head
+    (every stage of a cascade's lists)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f'{where}.{key}'
+            if key not in DETECTION_HEAD_KEYS:
+                yield from _detection_heads(value, path)
+                continue
+            heads = value if isinstance(value, (list, tuple)) else [value]
+            for i, head in enumerate(heads):
+                head_where = f'{path}[{i}]' if isinstance(value, (list, tuple)) else path
+                if isinstance(head, dict) and isinstance(head.get('num_classes'), int) \
+                        and not head.get('class_agnostic', False):
+                    yield head_where, head['num_classes']
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _detection_heads(value, f'{where}[{i}]')
+
+
+def _detection_dataset_class(type_name) -> Optional[type]:
+    """The mmdet data set class a dataset config builds, if it is one."""
+    from mmdet.datasets import BaseDetDataset
+    from mmdet.registry import DATASETS as MMDET_DATASETS
+    cls = MMDET_DATASETS.get(type_name) if isinstance(type_name, str) else type_name
+    return cls if isinstance(cls, type) and issubclass(cls, BaseDetDataset) else None
+
+
+def _some(names: Sequence[str], shown: int = 10) -> str:
+    """``'a', 'b', ... (and 70 more)``."""
+    text = ', '.join(map(repr, names[:shown]))
+    return text + (f', ... ({len(names)} in all)' if len(names) > shown else '')
+
+
+def _check_coco_categories(where: str, classes: Sequence[str], source: str,
+                           ann_file: str) -> None:
+    """mmdet keeps the annotations of the file's categories whose names are in
+    ``classes`` and numbers them in the file's order (its documented way to
+    train on a subset). A name the file lacks, or another order, is no subset:
+    the names and labels no longer match (and evaluation maps a label to a
+    category that is not there)."""
+    from moppa_mm.datasets.coco import read_coco_categories
+    categories = read_coco_categories(ann_file)
+    if categories is None:
+        return  # the data set's loader names what is wrong with the file
+    names = [c['name'] for c in categories]
+    numbered = [name for name in names if name in classes]  # mmdet's labels, in order
+    if numbered == list(classes):
+        left_out = [name for name in names if name not in classes]
+        if left_out:
+            print_log(f'{where}: the classes are {len(classes)} of the '
+                      f'{len(names)} categories of {ann_file}; mmdet leaves out '
+                      f'the annotations of the others: {", ".join(left_out)}',
+                      logger='current')
+        return
+    lacking = [c for c in classes if c not in names]
+    listed_twice = sorted({c for c in classes if list(classes).count(c) > 1})
+    twice = sorted({n for n in numbered if numbered.count(n) > 1})
+    if lacking:
+        problem = (f'name {_some(lacking, 5)}, which the file does not '
+                   'define: mmdet would find no annotation of it, and evaluation '
+                   'would fail on its label')
+    elif listed_twice:
+        problem = f'name {_some(listed_twice, 5)} twice'
+    elif twice:
+        problem = (f'name {_some(twice, 5)}, which the file defines '
+                   'more than once: mmdet would give each of those categories a '
+                   'label of its own')
+    else:
+        problem = ('are in another order than the file\'s: mmdet numbers the '
+                   "labels in the file's order, so names and labels would not match; "
+                   'list them in the file\'s order')
+    raise ValueError(f'{where}: the classes ({_some(classes)}) ({source}) {problem}. '
+                     f'{ann_file} defines the categories {_some(names)}.')
+
+
+def _check_detection_classes(cfg, where: str, ds) -> None:
+    """Every bbox and mask head has as many classes as the data set, whose
+    classes come from its ``metainfo`` or, without one, the data set class's
+    ``METAINFO``; for COCO files, the classes must be categories of the file,
+    in its order."""
+    cls = _detection_dataset_class(ds.get('type'))
+    if cls is None:
+        return
+    classes = (ds.get('metainfo') or {}).get('classes')
+    source = f'{where}.metainfo.classes'
+    if classes is None:
+        classes = cls.METAINFO.get('classes')
+        source = f'{cls.__name__}.METAINFO, as {where} sets no metainfo'
+    if classes is None:
+        return
+    classes = tuple(classes)
+    wrong = [(key, n) for key, n in _detection_heads(cfg.get('model') or {})
+             if n != len(classes)]
+    if wrong:
+        heads = ', '.join(f'{key}.num_classes = {n}' for key, n in wrong)
+        raise ValueError(
+            f'{heads}, but {where} has {len(classes)} classes '
+            f'({_some(classes)}; {source}): mmdet needs each bbox and mask head to '
+            f'predict exactly the data set\'s classes (a label beyond a head fails '
+            f'in training, a predicted label beyond the data set in evaluation). '
+            f'Set those num_classes to {len(classes)}, or the data set\'s '
+            'metainfo=dict(classes=...) to the classes the heads predict.')
+    root = ds.get('data_root', '') or ''
+    ann_file = ds.get('ann_file')
+    from mmdet.datasets import CocoDataset
+    if issubclass(cls, CocoDataset) and ann_file and not _is_remote(root) \
+            and not _is_remote(ann_file):
+        path = ann_file if osp.isabs(ann_file) else osp.join(root, ann_file)
+        _check_coco_categories(where, classes, source, path)
+
+
+# The hooks a model with a MoPPA backbone trains with (the shipped configs'
+# custom_hooks) and what a run without each loses
+MOPPA_HOOKS = (
+    ('PEFTFreezeHook', 'the audit of what trains (the parameter table), frozen '
+     'normalisation layers kept in eval mode'),
+    ('RouteRegularizationHook', 'the route loss (paper Eq. 13), for backbones '
+     'with MoPPA units'),
+    ('AdapterCheckpointHook', 'adapter-only checkpoints (megabytes instead of '
+     'the whole frozen backbone)'),
+    ('RNGStateHook', 'exact resume (the random states in checkpoints)'),
+    ('PlainCheckpointHook', 'checkpoints that load with weights_only=True '
+     '(tools/test.py, --resume)'),
+    ('NonFiniteLossHook', 'the stop at the first NaN or infinite loss, before it '
+     'is saved'),
+)
+# the explicit ways to go without a hook on purpose
+MOPPA_HOOK_OPT_OUTS = {
+    'RouteRegularizationHook': 'route_loss_weight = 0 (no route loss, the '
+    'hook is then not needed)',
+    'AdapterCheckpointHook': "dict(type='AdapterCheckpointHook', enabled=False) "
+    'in custom_hooks (full checkpoints)',
+}
+
+
+def _registered(registries, type_name) -> Optional[type]:
+    if not isinstance(type_name, str):
+        return type_name if isinstance(type_name, type) else None
+    for registry in registries:
+        cls = registry.get(type_name)
+        if cls is not None:
+            return cls
+    return None
+
+
+def _moppa_backbones(node, where: str = 'model') -> Iterator[Tuple[str, type, dict]]:
+    """``(config key, class, config)`` of every MoPPA backbone in a model config."""
+    from mmdet.registry import MODELS as MMDET_MODELS
+    from mmpretrain.registry import MODELS as MMPRETRAIN_MODELS
+
+    from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
+    if isinstance(node, dict):
+        cls = _registered((MMDET_MODELS, MMPRETRAIN_MODELS), node.get('type'))
+        if isinstance(cls, type) and issubclass(cls, AdapterMixin):
+            yield where, cls, node
+        for key, value in node.items():
+            yield from _moppa_backbones(value, f'{where}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _moppa_backbones(value, f'{where}[{i}]')
+
+
+def _configured_hooks(cfg) -> List[type]:
+    """The classes of ``custom_hooks`` and ``default_hooks``."""
+    from mmdet.registry import HOOKS as MMDET_HOOKS
+    from mmengine.hooks import Hook
+    from mmengine.registry import HOOKS
+    from mmpretrain.registry import HOOKS as MMPRETRAIN_HOOKS
+
+    from moppa_mm.registry import HOOKS as MOPPA_HOOKS_REGISTRY
+    registries = (MMDET_HOOKS, MMPRETRAIN_HOOKS, MOPPA_HOOKS_REGISTRY, HOOKS)
+    entries = list(cfg.get('custom_hooks') or [])
+    entries += list((cfg.get('default_hooks') or {}).values())
+    classes = []
+    for entry in entries:
+        if isinstance(entry, Hook):
+            classes.append(type(entry))
+        elif isinstance(entry, dict):
+            cls = _registered(registries, entry.get('type'))
+            if cls is not None:
+                classes.append(cls)
+    return classes
+
+
+def _use_moppa(cls: type, backbone: dict) -> bool:
+    default = inspect.signature(cls).parameters.get('use_moppa')
+    return bool(backbone.get(
+        'use_moppa', True if default is None else default.default))
+
+
+def _check_moppa_hooks(cfg) -> None:
+    """A model with a MoPPA backbone trains with the method's hooks: a child
+    config's ``custom_hooks`` replaces its base's list, and without them the
+    run would go on with no route loss, full checkpoints and no exact resume."""
+    from moppa_mm.engine import hooks
+    backbones = list(_moppa_backbones(cfg.get('model') or {}))
+    if not backbones:
+        return
+    configured = _configured_hooks(cfg)
+    with_units = [where for where, cls, node in backbones if _use_moppa(cls, node)]
+    needed = [(name, loss) for name, loss in MOPPA_HOOKS
+              if name != 'RouteRegularizationHook'
+              or (with_units and cfg.get('route_loss_weight', 1.0) != 0)]
+    missing = [(name, loss) for name, loss in needed
+               if not any(issubclass(c, getattr(hooks, name)) for c in configured)]
+    if not missing:
+        return
+    where, cls, _ = backbones[0]
+    lines = '\n'.join(f'  {name}: {loss}' for name, loss in missing)
+    opt_outs = '\n'.join(f'  {MOPPA_HOOK_OPT_OUTS[name]}' for name, _ in missing
+                         if name in MOPPA_HOOK_OPT_OUTS)
+    raise ValueError(
+        f'{where} is a {cls.__name__}, which trains with hooks that custom_hooks '
+        f'lacks; without them the run loses:\n{lines}\n'
+        'A child config\'s custom_hooks replaces its base\'s whole list. To add '
+        'a hook, extend the base\'s list instead:\n'
+        "  custom_hooks = [*_base_.custom_hooks, dict(type='EMAHook')]"
+        + (f'\nTo go without one on purpose:\n{opt_outs}' if opt_outs else ''))
 
 
 def _is_remote(path: str) -> bool:
@@ -101,14 +331,19 @@ def _evaluator_ann_files(cfg, mode: str) -> Iterator[Tuple[str, str]]:
 
 def check_config(cfg, mode: str = 'train') -> None:
     """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
-    safely, ``CheckpointLoadError``) naming the first bad local input.
+    safely, ``CheckpointLoadError``) naming the first bad local input, and
+    ``ValueError`` naming the config keys of a model that does not fit its
+    data or misses its hooks.
 
     Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
     ``load_from`` as every loader will (``weights_only=True``, storage mapped,
     not read), and checks each dataset's ``data_root`` and ``ann_file`` (and the
     data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
-    ``mode`` 'train' or 'test'.
-    Remote paths (URLs) are left to the loaders.
+    ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
+    Also checks the class counts: a classification head against a VTAB-1K or
+    FGVC task, every bbox and mask head against an mmdet data set's classes
+    (and those against a COCO file's categories); and, for training, that a
+    model with a MoPPA backbone has the method's hooks (:data:`MOPPA_HOOKS`).
     """
     if mode not in SPLITS:
         raise ValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
@@ -119,6 +354,8 @@ def check_config(cfg, mode: str = 'train') -> None:
     for where, path in checkpoints:
         if not _is_remote(path):  # missing, empty, truncated, or unsafe
             load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
+    if mode == 'train':
+        _check_moppa_hooks(cfg)
     for where, ds in _datasets(cfg, mode):
         preflight = _dataset_method(ds.get('type'), 'preflight')
         if preflight is not None:
@@ -135,6 +372,7 @@ def check_config(cfg, mode: str = 'train') -> None:
             if not osp.isfile(path):
                 raise FileNotFoundError(
                     f'annotation file not found: {where}.ann_file = {path!r}')
+        _check_detection_classes(cfg, where, ds)
     for where, path in _evaluator_ann_files(cfg, mode):
         if not _is_remote(path) and not osp.isfile(path):
             raise FileNotFoundError(f'annotation file not found: {where} = {path!r}')
