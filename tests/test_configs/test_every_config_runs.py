@@ -169,9 +169,10 @@ def shrink_detector(cfg, data):
     model.rpn_head.update(in_channels=64, feat_channels=64)
     model.roi_head.bbox_roi_extractor.out_channels = 64
     model.roi_head.mask_roi_extractor.out_channels = 64
-    for head in model.roi_head.bbox_head:
-        head.update(in_channels=64, fc_out_channels=128)
-    model.roi_head.mask_head.update(in_channels=64, conv_out_channels=64)
+    for head in model.roi_head.bbox_head:  # the shapes' classes (preflight checks)
+        head.update(in_channels=64, fc_out_channels=128, num_classes=len(SHAPES))
+    model.roi_head.mask_head.update(in_channels=64, conv_out_channels=64,
+                                    num_classes=len(SHAPES))
     model.test_cfg.rpn.update(nms_pre=300, max_per_img=100)  # as the demo
     model.test_cfg.rcnn.max_per_img = 20
     for loader, split in zip(_loaders(cfg), ('train', 'val', 'val')):
