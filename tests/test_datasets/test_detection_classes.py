@@ -6,9 +6,9 @@ import logging
 
 import pytest
 from mmengine.logging import MMLogger
-from preflight import check_config  # tools/
 
 from moppa_mm.datasets.coco import read_coco_categories
+from preflight import check_config  # tools/
 from tests.conftest import tiny_detection_cfg
 
 TWO = ('square', 'circle')  # of the demo's square, circle, triangle

@@ -9,10 +9,10 @@ import re
 
 import pytest
 from mmengine.config import Config
-from preflight import MOPPA_HOOKS, check_config  # tools/
 
 from moppa_mm.demo_cls import prepare_cls_demo
 from moppa_mm.models.converters import convert, save_backbone
+from preflight import MOPPA_HOOKS, check_config  # tools/
 from tests.conftest import DEMO_CONFIG, REPO
 
 DEMO_CLS = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')
