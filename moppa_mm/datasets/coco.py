@@ -101,9 +101,10 @@ class CheckedCocoDataset(CocoDataset):
         return valid
 
 
-# the key of a COCO file's category list, not inside a string (a quote there is
-# escaped); the list itself is parsed by ``json``
-_CATEGORIES_KEY = re.compile(rb'(?<!\\)"categories"\s*:\s*(?=\[)')
+# a COCO file's category list: its key (not inside a string, where a quote is
+# escaped), then the list, parsed by ``json``
+_CATEGORIES_KEY = b'"categories"'
+_THEN_A_LIST = re.compile(rb'\s*:\s*(?=\[)')
 
 
 def _is_category_list(value) -> bool:
@@ -132,18 +133,25 @@ def read_coco_categories(ann_file: str) -> Optional[List[dict]]:
     rest of it (COCO's train2017 file is 450 MB; the data set parses it once,
     when it is built).
 
-    The file is mapped, not read; the list is found by its key and parsed by
-    ``json`` alone (nothing is evaluated). Returns None when the file has no
-    such list of ``{"id", "name", ...}`` objects that parses: the data set's
-    own loader then names the fault.
+    The file is mapped, not read, and searched from its end (where COCO files
+    keep the list) for the key; the list is parsed by ``json`` alone (nothing
+    is evaluated). Returns None when the file has no such list of ``{"id",
+    "name", ...}`` objects that parses: the data set's own loader then names
+    the fault.
     """
     with open(ann_file, 'rb') as f:
         if os.fstat(f.fileno()).st_size == 0:
             return None
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            found = None
-            for match in _CATEGORIES_KEY.finditer(data):
-                value = _json_value_at(data, match.end())
+            end = len(data)
+            while True:  # the last key that holds such a list, as json.load keeps
+                key = data.rfind(_CATEGORIES_KEY, 0, end)
+                if key < 0:
+                    return None
+                end = key
+                then = _THEN_A_LIST.match(data, key + len(_CATEGORIES_KEY))
+                if then is None or (key > 0 and data[key - 1:key] == b'\\'):
+                    continue
+                value = _json_value_at(data, then.end())
                 if _is_category_list(value):
-                    found = value  # as json.load: the last of equal keys
-            return found
+                    return value

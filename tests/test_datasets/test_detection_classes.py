@@ -114,6 +114,11 @@ def test_read_coco_categories_without_parsing_the_rest(tmp_path):
     assert read_coco_categories(coco_file(tmp_path / '1.json', cats, images=decoy)) == cats
     assert read_coco_categories(coco_file(tmp_path / '2.json', cats, first=True,
                                           images=decoy * 20000)) == cats
+    # keys of the same name that hold no category list, after the real one
+    (tmp_path / 'other.json').write_text(json.dumps(dict(
+        categories=cats, info={'categories': 'none'}, licenses=[{'categories': [1, 2]}],
+        extra={'x"categories': [{'id': 1, 'name': 'no'}]})))
+    assert read_coco_categories(str(tmp_path / 'other.json')) == cats
     (tmp_path / 'none.json').write_text('{"images": [], "annotations": []}')
     assert read_coco_categories(str(tmp_path / 'none.json')) is None
     (tmp_path / 'cut.json').write_text('{"categories": [{"id": 1, "name": "a"')
