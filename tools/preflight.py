@@ -187,6 +187,8 @@ MOPPA_HOOK_OPT_OUTS = {
 
 
 def _registered(registries, type_name) -> Optional[type]:
+    """The class ``type_name`` names in the first of ``registries`` that has it
+    (mmdet's and mmpretrain's MoPPA Swin share a name and their switches)."""
     if not isinstance(type_name, str):
         return type_name if isinstance(type_name, type) else None
     for registry in registries:
