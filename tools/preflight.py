@@ -126,19 +126,36 @@ def _check_coco_categories(where: str, classes: Sequence[str], source: str,
                      f'{ann_file} defines the categories {_some(names)}.')
 
 
+def _local_coco_file(cls: type, ds) -> Optional[str]:
+    """The local annotation file of a COCO-format data set config, if any."""
+    from mmdet.datasets import CocoDataset
+    root = ds.get('data_root', '') or ''
+    ann_file = ds.get('ann_file')
+    if not issubclass(cls, CocoDataset) or not ann_file or _is_remote(root) \
+            or _is_remote(ann_file):
+        return None
+    path = ann_file if osp.isabs(ann_file) else osp.join(root, ann_file)
+    return path if osp.isfile(path) else None
+
+
 def _check_detection_classes(cfg, where: str, ds) -> None:
     """Every bbox and mask head has as many classes as the data set, whose
-    classes come from its ``metainfo`` or, without one, the data set class's
-    ``METAINFO``; for COCO files, the classes must be categories of the file,
-    in its order."""
+    classes come from its ``metainfo``, else the data set class's
+    ``METAINFO``, else (COCO format) the file's categories; for COCO files,
+    the classes must be categories of the file, in its order."""
     cls = _detection_dataset_class(ds.get('type'))
     if cls is None:
         return
+    coco_file = _local_coco_file(cls, ds)
     classes = (ds.get('metainfo') or {}).get('classes')
     source = f'{where}.metainfo.classes'
-    if classes is None:
-        classes = cls.METAINFO.get('classes')
+    if classes is None and cls.METAINFO.get('classes') is not None:
+        classes = cls.METAINFO['classes']
         source = f'{cls.__name__}.METAINFO, as {where} sets no metainfo'
+    if classes is None and coco_file is not None:
+        from moppa_mm.datasets.coco import read_coco_categories
+        classes = [c['name'] for c in read_coco_categories(coco_file) or []] or None
+        source = f'the categories of {coco_file}'
     if classes is None:
         return
     classes = tuple(classes)
@@ -153,13 +170,8 @@ def _check_detection_classes(cfg, where: str, ds) -> None:
             f'in training, a predicted label beyond the data set in evaluation). '
             f'Set those num_classes to {len(classes)}, or the data set\'s '
             'metainfo=dict(classes=...) to the classes the heads predict.')
-    root = ds.get('data_root', '') or ''
-    ann_file = ds.get('ann_file')
-    from mmdet.datasets import CocoDataset
-    if issubclass(cls, CocoDataset) and ann_file and not _is_remote(root) \
-            and not _is_remote(ann_file):
-        path = ann_file if osp.isabs(ann_file) else osp.join(root, ann_file)
-        _check_coco_categories(where, classes, source, path)
+    if coco_file is not None:
+        _check_coco_categories(where, classes, source, coco_file)
 
 
 # The hooks a model with a MoPPA backbone trains with (the shipped configs'

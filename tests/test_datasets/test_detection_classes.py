@@ -7,7 +7,7 @@ import logging
 import pytest
 from mmengine.logging import MMLogger
 
-from moppa_mm.datasets.coco import read_coco_categories
+from moppa_mm.datasets.coco import CheckedCocoDataset, read_coco_categories
 from preflight import check_config  # tools/
 from tests.conftest import tiny_detection_cfg
 
@@ -80,6 +80,22 @@ def test_without_metainfo_the_data_set_class_names_the_classes(shapes_data, tmp_
     with pytest.raises(ValueError, match=r"the classes \('person', .* name 'person', "
                        r"'bicycle', .*\(80 in all\), which the file does not define.*"
                        r"train.json defines the categories 'square', 'circle', 'triangle'"):
+        check_config(cfg)
+
+
+class CocoWithoutClasses(CheckedCocoDataset):
+    METAINFO = {}
+
+
+def test_without_any_class_list_the_file_names_the_classes(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path)
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[key].dataset.pop('metainfo')
+        cfg[key].dataset.type = CocoWithoutClasses
+    check_config(cfg)
+    set_head_classes(cfg, 2)
+    with pytest.raises(ValueError, match=r"has 3 classes \('square', 'circle', 'triangle'; "
+                       r'the categories of .*annotations/train.json\)'):
         check_config(cfg)
 
 
