@@ -96,8 +96,9 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise
     except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as error:
         raise _explain(path, what, error) from error
-    except RuntimeError as error:  # torch's zip reader: truncated archives
-        if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error):
+    except RuntimeError as error:  # torch's zip reader: truncated archives, .npz
+        if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error) \
+                or is_npz(path):
             raise _explain(path, what, error) from error
         raise
 
