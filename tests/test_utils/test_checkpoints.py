@@ -11,9 +11,8 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from moppa_mm.models.converters import convert
-from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError,
-                                        NonFiniteCheckpointError, from_plain,
-                                        load_checkpoint_file, to_plain)
+from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError, NonFiniteCheckpointError,
+                                        from_plain, load_checkpoint_file, to_plain)
 from tests.conftest import PYTHON, REPO, child_env
 
 
