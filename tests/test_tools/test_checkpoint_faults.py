@@ -114,10 +114,7 @@ def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
 
 
 def test_publish_refuses_nan_checkpoint(in_demo):
-    spec = importlib.util.spec_from_file_location(
-        'publish_model', osp.join(REPO, 'tools/model_converters/publish_model.py'))
-    publish_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(publish_model)
+    publish_model = load_tool('tools/model_converters/publish_model.py')
     with pytest.raises(NonFiniteCheckpointError, match="publish 'nan_adapter.pth'"):
         publish_model.publish('nan_adapter.pth', 'published.pth')
     assert not osp.exists('published.pth') and not osp.exists('published.tmp.pth')
@@ -148,3 +145,19 @@ def test_jax_npz_as_pretrained_names_the_jax_converter(in_demo, tmp_path):
                        match=rf"{INIT_CFG} = '{npz}' is a NumPy \.npz archive, not a PyTorch "
                              rf"checkpoint .*vit_to_mmpretrain.py jax {npz} DST.pth"):
         run_tool('train', [CONFIG, '--cfg-options', f'{INIT_CFG}={npz}'])
+
+
+def load_tool(relative_path):
+    spec = importlib.util.spec_from_file_location(
+        osp.splitext(osp.basename(relative_path))[0], osp.join(REPO, relative_path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_visualize_tool_refuses_nan_checkpoint(in_demo, monkeypatch):
+    visualize = load_tool('tools/analysis/visualize_moppa.py')
+    monkeypatch.setattr('sys.argv', ['visualize_moppa.py', CONFIG, 'nan_adapter.pth',
+                                     '--out-dir', 'maps'])
+    with pytest.raises(NonFiniteCheckpointError, match="'nan_adapter.pth' holds NaN"):
+        visualize.main()
