@@ -161,3 +161,27 @@ def test_visualize_tool_refuses_nan_checkpoint(in_demo, monkeypatch):
                                      '--out-dir', 'maps'])
     with pytest.raises(NonFiniteCheckpointError, match="'nan_adapter.pth' holds NaN"):
         visualize.main()
+
+
+def test_detector_refuses_nan_official_swin_release(shapes_data, tmp_path):
+    """The detection demo's pre-trained file is an official Swin release, which
+    mmdet's Swin converts on the fly: NaN there stops both our tools' check
+    and mmdet's own loading path (its ``init_weights``) with the file named."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    from preflight import check_config  # tools/
+
+    from tests.conftest import tiny_detection_cfg
+    release = torch.load(shapes_data['pretrained'], weights_only=True)
+    key = next(k for k in release['model'] if k.endswith('attn.qkv.weight'))
+    release['model'][key][0, 0] = float('inf')
+    nan_release = str(tmp_path / 'swin_release.pth')
+    torch.save(release, nan_release)
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work')
+    cfg.model.backbone.init_cfg.checkpoint = nan_release
+    with pytest.raises(NonFiniteCheckpointError, match=rf"'{nan_release}' .*model\.{key} \(1 of"):
+        check_config(cfg, mode='train')
+    init_default_scope('mmdet')
+    backbone = MODELS.build(cfg.model).backbone
+    with pytest.raises(NonFiniteCheckpointError, match=rf"from '{nan_release}' holds NaN"):
+        backbone.init_weights()
