@@ -10,7 +10,11 @@ loader calls ``torch.load`` without ``weights_only``, which torch >= 2.6 takes
 as ``True``.
 
 A file that needs more is refused with a :class:`CheckpointLoadError` naming
-it. The opt-in, for a file from a source you trust, is torch's own environment
+it, and so is one whose weights or optimizer state hold NaN or infinite values
+(:class:`NonFiniteCheckpointError`, naming the first keys): every file our
+tools load comes through :func:`load_checkpoint_file`, and the MoPPA backbones
+run the same :func:`check_finite` on whatever state dict mmengine's loaders
+hand them. The opt-in, for a file from a source you trust, is torch's own environment
 variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``; it applies to mmengine's
 loader and to ours alike.
 """
@@ -106,7 +110,9 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
 def load_checkpoint_file(path: str, what: str = 'checkpoint',
                          map_location='cpu', mmap: bool = False) -> Any:
     """``torch.load`` a local file with ``weights_only=True`` (unless the user
-    opted in), raising :class:`CheckpointLoadError` that names ``path``.
+    opted in), raising :class:`CheckpointLoadError` that names ``path``; a NaN
+    or infinite tensor (weights, optimizer state) raises
+    :class:`NonFiniteCheckpointError` (:func:`check_finite`).
 
     Args:
         path: the local file.

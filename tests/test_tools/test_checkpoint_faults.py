@@ -120,11 +120,15 @@ def test_publish_refuses_nan_checkpoint(in_demo):
     assert not osp.exists('published.pth') and not osp.exists('published.tmp.pth')
 
 
-def test_unconverted_release_names_the_converter_command(in_demo):
+@pytest.mark.parametrize('mode', ['train', 'test'])
+def test_unconverted_release_names_the_converter_command(in_demo, mode):
     command = (f'python tools/model_converters/vit_to_mmpretrain.py mae {RAW_MAE} '
                f'{RAW_MAE[:-len(".pth")]}_mmpretrain.pth')
-    with pytest.raises(SourceFormatError) as error:  # tools/train.py, before the Runner
-        run_tool('train', [CONFIG, '--cfg-options', f'{INIT_CFG}={RAW_MAE}'])
+    args = [CONFIG, '--cfg-options', f'{INIT_CFG}={RAW_MAE}', '--work-dir', 'work']
+    if mode == 'test':
+        args.insert(1, 'nan_adapter.pth')  # the pre-trained file is checked first
+    with pytest.raises(SourceFormatError) as error:  # our tools, before the Runner
+        run_tool(mode, args)
     text = str(error.value)
     assert f"{INIT_CFG} = '{RAW_MAE}' has no 'backbone.' keys" in text, text
     assert 'timm / MAE ViT checkpoint' in text and command in text, text
