@@ -110,6 +110,15 @@ def _load_from_name(cfg, mode: str) -> str:
     return 'load_from'
 
 
+def _latest_checkpoint(work_dir: str) -> Optional[str]:
+    """The checkpoint the Runner auto-resumes from (mmengine's
+    ``find_latest_checkpoint``: the path in ``<work_dir>/last_checkpoint``)."""
+    from mmengine.runner.checkpoint import find_latest_checkpoint
+    if _is_remote(work_dir) or not osp.isfile(osp.join(work_dir, 'last_checkpoint')):
+        return None
+    return find_latest_checkpoint(work_dir)
+
+
 def check_config(cfg, mode: str = 'train') -> None:
     """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
     safely or holds NaN / infinite values, ``CheckpointLoadError``; for a
@@ -131,6 +140,11 @@ def check_config(cfg, mode: str = 'train') -> None:
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
+    elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir'):
+        latest = _latest_checkpoint(cfg.work_dir)  # what --resume alone resumes
+        if latest:
+            checkpoints.append(('to resume from (--resume: the latest in work_dir)',
+                                latest, None))
     for where, path, prefix in checkpoints:
         if _is_remote(path):
             continue

@@ -118,8 +118,9 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
         path: the local file.
         what: how the error names the file (e.g. ``'pre-trained checkpoint'``).
         map_location: as :func:`torch.load`.
-        mmap: map the tensors' storage instead of reading it (cheap checks);
-            files in torch's legacy format are read normally.
+        mmap: map the tensors' storage instead of copying it into memory
+            (checks; the finite check still reads every tensor once); files in
+            torch's legacy format are read normally.
     """
     path = osp.expanduser(path)
     if not osp.isfile(path):

@@ -80,17 +80,23 @@ def test_tools_refuse_nan_pretrained_checkpoint(in_demo, mode):
         run_tool(mode, args)
 
 
-def test_resume_refuses_non_finite_optimizer_state(in_demo, tmp_path):
+@pytest.mark.parametrize('resume', ['given', 'latest'])
+def test_resume_refuses_non_finite_optimizer_state(in_demo, tmp_path, resume):
     checkpoint = torch.load(PRETRAINED, weights_only=True)
     checkpoint['optimizer'] = {
         'state': {0: {'step': torch.tensor(4.0), 'exp_avg_sq': torch.full((3, ), float('inf'))}},
         'param_groups': [{'lr': 1e-3, 'params': [0]}]}
-    torch.save(checkpoint, tmp_path / 'epoch_3.pth')
+    path = str(tmp_path / 'epoch_3.pth')
+    torch.save(checkpoint, path)
+    if resume == 'given':
+        args, how = ['--resume', path], r'\(--resume, load_from\)'
+    else:  # --resume alone: the latest checkpoint of the work dir
+        (tmp_path / 'last_checkpoint').write_text(path)
+        args, how = ['--resume'], r'\(--resume: the latest in work_dir\)'
     with pytest.raises(NonFiniteCheckpointError,
-                       match=r"to resume from \(--resume, load_from\) = .*epoch_3\.pth' .*"
+                       match=rf"to resume from {how} = .*epoch_3\.pth' .*"
                              r"optimizer\.state\.0\.exp_avg_sq \(3 of 3\)"):
-        run_tool('train', [CONFIG, '--resume', str(tmp_path / 'epoch_3.pth'),
-                           '--work-dir', 'work'])
+        run_tool('train', [CONFIG, *args, '--work-dir', str(tmp_path)])
 
 
 def test_missing_resume_checkpoint_names_resume(in_demo):

@@ -2,6 +2,7 @@
 after the base class's ``init_weights``, checking every state dict loaded into
 them, checking the fused scale & shift layers' scales once per forward, and the
 parameter breakdown."""
+import os.path as osp
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -244,7 +245,8 @@ class AdapterMixin:
                 with naming_checkpoint(checkpoint, what):
                     super().init_weights()
             except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
-                if 'is not in the pretrained model' in str(error) and init_cfg.get('prefix'):
+                if 'is not in the pretrained model' in str(error) and init_cfg.get('prefix') \
+                        and osp.isfile(checkpoint):
                     check_converted(checkpoint, load_checkpoint_file(checkpoint, what),
                                     init_cfg['prefix'])
                 raise
