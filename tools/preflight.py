@@ -289,14 +289,15 @@ def _is_remote(path: str) -> bool:
     return '://' in str(path)
 
 
-def _pretrained_checkpoints(node, where: str) -> Iterator[Tuple[str, str]]:
+def _pretrained_checkpoints(node, where: str) -> Iterator[Tuple[str, str, Optional[str]]]:
+    """``(config key, path, prefix)`` of every ``Pretrained`` init_cfg."""
     if isinstance(node, dict):
         init_cfg = node.get('init_cfg')
         init_cfgs = init_cfg if isinstance(init_cfg, list) else [init_cfg]
         for item in init_cfgs:
             if isinstance(item, dict) and item.get('type') == 'Pretrained' \
                     and item.get('checkpoint'):
-                yield f'{where}.init_cfg.checkpoint', item['checkpoint']
+                yield f'{where}.init_cfg.checkpoint', item['checkpoint'], item.get('prefix')
         for key, value in node.items():
             if key != 'init_cfg':
                 yield from _pretrained_checkpoints(value, f'{where}.{key}')
@@ -343,15 +344,36 @@ def _evaluator_ann_files(cfg, mode: str) -> Iterator[Tuple[str, str]]:
             yield f'{where}.ann_file', evaluator['ann_file']
 
 
+def _load_from_name(cfg, mode: str) -> str:
+    """How the user gave ``load_from``: the tools set it from their arguments
+    (``--resume CKPT``: ``resume=True`` and ``load_from``; test.py's CHECKPOINT)."""
+    if mode == 'test':
+        return 'to test (CHECKPOINT argument, load_from)'
+    if cfg.get('resume'):
+        return 'to resume from (--resume, load_from)'
+    return 'load_from'
+
+
+def _latest_checkpoint(work_dir: str) -> Optional[str]:
+    """The checkpoint the Runner auto-resumes from (mmengine's
+    ``find_latest_checkpoint``: the path in ``<work_dir>/last_checkpoint``)."""
+    from mmengine.runner.checkpoint import find_latest_checkpoint
+    if _is_remote(work_dir) or not osp.isfile(osp.join(work_dir, 'last_checkpoint')):
+        return None
+    return find_latest_checkpoint(work_dir)
+
+
 def check_config(cfg, mode: str = 'train') -> None:
     """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
-    safely, ``CheckpointLoadError``) naming the first bad local input, and
-    ``ValueError`` naming the config keys of a model that does not fit its
-    data or misses its hooks.
+    safely or holds NaN / infinite values, ``CheckpointLoadError``; for a
+    release not converted to the ``init_cfg`` prefix, ``SourceFormatError``)
+    naming the first bad local input, and ``ValueError`` naming the config
+    keys of a model that does not fit its data or misses its hooks.
 
     Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
-    ``load_from`` as every loader will (``weights_only=True``, storage mapped,
-    not read), and checks each dataset's ``data_root`` and ``ann_file`` (and the
+    ``load_from`` (the checkpoint to test or resume from) as every loader will
+    (``weights_only=True``, storage mapped), checks that every floating-point
+    tensor is finite, and checks each dataset's ``data_root`` and ``ann_file`` (and the
     data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
     ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
     Also checks the class counts: a classification head against a VTAB-1K or
@@ -361,13 +383,23 @@ def check_config(cfg, mode: str = 'train') -> None:
     """
     if mode not in SPLITS:
         raise ValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
+    from moppa_mm.models.converters import check_converted
     from moppa_mm.utils.checkpoints import load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
     if cfg.get('load_from'):
-        checkpoints.append(('load_from', cfg.load_from))
-    for where, path in checkpoints:
-        if not _is_remote(path):  # missing, empty, truncated, or unsafe
-            load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
+        checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
+    elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir'):
+        latest = _latest_checkpoint(cfg.work_dir)  # what --resume alone resumes
+        if latest:
+            checkpoints.append(('to resume from (--resume: the latest in work_dir)',
+                                latest, None))
+    for where, path, prefix in checkpoints:
+        if _is_remote(path):
+            continue
+        # missing, empty, truncated, unsafe, or NaN / infinite values
+        checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
+        if prefix:  # a release not converted to the prefixed keys
+            check_converted(path, checkpoint, prefix, where)
     if mode == 'train':
         _check_moppa_hooks(cfg)
     for where, ds in _datasets(cfg, mode):

@@ -14,12 +14,13 @@ import os.path as osp
 import re
 import zipfile
 from collections import OrderedDict
-from typing import Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 import torch
 
-from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.checkpoints import (CheckpointLoadError, NonFiniteCheckpointError, check_finite,
+                                        is_npz, load_checkpoint_file)
 
 # timm block names -> mmpretrain layer names
 TIMM_TO_MMPRETRAIN = OrderedDict([
@@ -152,17 +153,127 @@ CONVERTERS = {'jax': jax_vit_to_mmpretrain, 'mae': mae_to_mmpretrain,
               'mocov3': mocov3_to_mmpretrain, 'swin': swin_to_mmpretrain}
 
 
+CONVERTER_TOOL = 'tools/model_converters/vit_to_mmpretrain.py'
+# what a file looks like, by the format :func:`identify` finds
+LOOKS_LIKE = {
+    'jax': 'a JAX/Flax ViT release (cls, embedding/kernel, Transformer/encoderblock_*)',
+    'mae': 'a timm / MAE ViT checkpoint (blocks.*, patch_embed.proj.*)',
+    'mocov3': 'a MoCo v3 ViT checkpoint (module.base_encoder.*)',
+    'swin': 'an official Swin release (layers.*.blocks.*, patch_embed.proj.*)',
+    'converted': "already converted to mmpretrain's keys (backbone.*)",
+}
+
+
+class SourceFormatError(ValueError):
+    """A checkpoint is not in the format it is used as (an unconverted release
+    given to a config, a converted file or another release given to a
+    converter)."""
+
+
+def _tensors_of(checkpoint: Mapping) -> Mapping:
+    """The state dict a checkpoint wraps (``model``, ``state_dict`` or itself)."""
+    for key in ('model', 'state_dict'):
+        if isinstance(checkpoint.get(key), Mapping):
+            return checkpoint[key]
+    return checkpoint
+
+
+def identify(checkpoint: Any) -> Optional[str]:
+    """The format a loaded checkpoint (or ``.npz`` arrays) looks like: a key
+    of :data:`CONVERTERS`, ``'converted'`` (``backbone.*`` keys), or None."""
+    if not isinstance(checkpoint, Mapping):
+        return None
+    keys = [k for k in _tensors_of(checkpoint) if isinstance(k, str)]
+
+    def has(pattern):
+        return any(re.match(pattern, k) for k in keys)
+
+    if has(r'backbone\.'):
+        return 'converted'
+    if has(r'module\.base_encoder\.'):
+        return 'mocov3'
+    if has(r'layers\.\d+\.blocks\.\d+\.'):
+        return 'swin'
+    if has(r'blocks\.\d+\.') and has(r'patch_embed\.proj\.'):
+        return 'mae'
+    if 'cls' in keys and 'embedding/kernel' in keys:
+        return 'jax'
+    return None
+
+
+def convert_command(source: str, path: str) -> str:
+    """The command that converts ``path`` from ``source`` (output beside it)."""
+    stem = re.sub(r'(\.pth)?(\.tar)?$|\.npz$', '', path)
+    return f'python {CONVERTER_TOOL} {source} {path} {stem}_mmpretrain.pth'
+
+
+def _what_to_do(found: str, path: str) -> str:
+    if found == 'converted':
+        return 'It needs no conversion: use it as model.backbone.init_cfg.checkpoint.'
+    return f'Convert it with `{convert_command(found, path)}`.'
+
+
+def check_converted(path: str, checkpoint: Any, prefix: str,
+                    key: str = 'model.backbone.init_cfg.checkpoint') -> None:
+    """Raise :class:`SourceFormatError` if ``checkpoint`` (loaded from
+    ``path``, given as the config's ``key``) holds no key under ``prefix``,
+    which mmengine's ``Pretrained`` init with that prefix requires (its own
+    error names neither file nor format): say what the file looks like and
+    the converter command."""
+    state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, Mapping) \
+        else {}
+    prefix = prefix if prefix.endswith('.') else prefix + '.'
+    if any(isinstance(k, str) and k.startswith(prefix) for k in state):
+        return
+    found = identify(checkpoint)
+    example = sorted(map(str, _tensors_of(checkpoint) if isinstance(checkpoint, Mapping)
+                         else []))[:3]
+    head = f'pre-trained checkpoint {key} = {path!r} has no {prefix!r} keys (e.g. {example})'
+    if found in CONVERTERS:
+        raise SourceFormatError(
+            f'{head}: it is {LOOKS_LIKE[found]}, not converted to mmpretrain\'s keys. '
+            f'Convert it once with\n    {convert_command(found, path)}\n'
+            f'and set {key} to the output.')
+    raise SourceFormatError(
+        f'{head}: not a converted pre-trained checkpoint of this backbone. The ViT '
+        f'and Swin releases convert with {CONVERTER_TOOL} (README, "Pre-trained '
+        'checkpoints").')
+
+
+def _not_a_npz(path: str) -> Optional[SourceFormatError]:
+    """For the ``jax`` converter given a file that is no ``.npz``: the error
+    saying what it is, if it is a PyTorch checkpoint (loaded safely)."""
+    try:
+        checkpoint = load_checkpoint_file(path, what='source checkpoint')
+    except NonFiniteCheckpointError:
+        raise
+    except (CheckpointLoadError, RuntimeError):
+        return None  # neither format: the .npz reader's error says so
+    found = identify(checkpoint)
+    looks = f'; it looks like {LOOKS_LIKE[found]}. {_what_to_do(found, path)}' \
+        if found not in (None, 'jax') else '.'
+    return SourceFormatError(
+        f'source checkpoint {path!r} is a PyTorch checkpoint, not a JAX .npz '
+        f'(the jax converter reads the AugReg / ViT-L .npz releases){looks}')
+
+
 def _load_npz(path: str) -> Dict[str, np.ndarray]:
     """Arrays of an ``.npz`` without unpickling anything."""
     if osp.getsize(path) == 0:
         raise CheckpointLoadError(f'source checkpoint {path!r} is empty (0 bytes)')
+    if not is_npz(path):
+        error = _not_a_npz(path)
+        if error is not None:
+            raise error
     try:
         with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+            arrays = {k: npz[k] for k in npz.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
         raise CheckpointLoadError(
             f'source checkpoint {path!r} is not a readable .npz of plain arrays '
             f'(pickled objects are refused; truncated?): {error}') from error
+    check_finite(arrays, f'source checkpoint {path!r}')
+    return arrays
 
 
 def load_source(path: str, source: str):
@@ -179,7 +290,15 @@ def load_source(path: str, source: str):
 
 
 def convert(path: str, source: str) -> 'OrderedDict[str, torch.Tensor]':
+    """Read ``path`` (a ``source`` release) and convert it; a file that
+    looks like another format (or is already converted) is refused with what
+    it is and what to do."""
     params = load_source(path, source)  # validates the format and the path
+    found = identify(params)
+    if found not in (None, source):
+        raise SourceFormatError(
+            f'source checkpoint {path!r} is {LOOKS_LIKE[found]}, not a {source} '
+            f'checkpoint. {_what_to_do(found, path)}')
     return CONVERTERS[source](params)
 
 

@@ -10,7 +10,11 @@ loader calls ``torch.load`` without ``weights_only``, which torch >= 2.6 takes
 as ``True``.
 
 A file that needs more is refused with a :class:`CheckpointLoadError` naming
-it. The opt-in, for a file from a source you trust, is torch's own environment
+it, and so is one whose weights or optimizer state hold NaN or infinite values
+(:class:`NonFiniteCheckpointError`, naming the first keys): every file our
+tools load comes through :func:`load_checkpoint_file`, and the MoPPA backbones
+run the same :func:`check_finite` on whatever state dict mmengine's loaders
+hand them. The opt-in, for a file from a source you trust, is torch's own environment
 variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``; it applies to mmengine's
 loader and to ours alike.
 """
@@ -20,7 +24,7 @@ import os.path as osp
 import pickle
 import zipfile
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -31,6 +35,10 @@ _TRUE_VALUES = ('1', 'y', 'yes', 'true')  # as torch.load reads the variable
 
 class CheckpointLoadError(RuntimeError):
     """A checkpoint file could not be loaded safely (refused, truncated, empty)."""
+
+
+class NonFiniteCheckpointError(CheckpointLoadError):
+    """A checkpoint holds NaN or infinite weights (or optimizer state)."""
 
 
 def unsafe_load_allowed() -> bool:
@@ -60,9 +68,25 @@ def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
             'weights_only=False.')
     if osp.isfile(path) and osp.getsize(path) == 0:
         return CheckpointLoadError(f'{what} {path!r} is empty (0 bytes)')
+    if is_npz(path):
+        return CheckpointLoadError(
+            f'{what} {path!r} is a NumPy .npz archive, not a PyTorch checkpoint '
+            '(a JAX ViT release?): convert it once with `python '
+            f'tools/model_converters/vit_to_mmpretrain.py jax {path} DST.pth` '
+            'and use DST.pth')
     return CheckpointLoadError(
         f'{what} {path!r} could not be read; is it truncated or not a PyTorch '
         f'checkpoint? ({type(error).__name__}: {text.strip()[:300]})')
+
+
+def is_npz(path: str) -> bool:
+    """Whether ``path`` is a zip of ``.npy`` arrays (``np.savez``), which a
+    PyTorch zip checkpoint (``<name>/data.pkl``, ``<name>/data/0``...) is not."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    return bool(names) and all(name.endswith('.npy') for name in names)
 
 
 @contextlib.contextmanager
@@ -76,8 +100,9 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise
     except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as error:
         raise _explain(path, what, error) from error
-    except RuntimeError as error:  # torch's zip reader: truncated archives
-        if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error):
+    except RuntimeError as error:  # torch's zip reader: truncated archives, .npz
+        if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error) \
+                or is_npz(path):
             raise _explain(path, what, error) from error
         raise
 
@@ -85,14 +110,17 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
 def load_checkpoint_file(path: str, what: str = 'checkpoint',
                          map_location='cpu', mmap: bool = False) -> Any:
     """``torch.load`` a local file with ``weights_only=True`` (unless the user
-    opted in), raising :class:`CheckpointLoadError` that names ``path``.
+    opted in), raising :class:`CheckpointLoadError` that names ``path``; a NaN
+    or infinite tensor (weights, optimizer state) raises
+    :class:`NonFiniteCheckpointError` (:func:`check_finite`).
 
     Args:
         path: the local file.
         what: how the error names the file (e.g. ``'pre-trained checkpoint'``).
         map_location: as :func:`torch.load`.
-        mmap: map the tensors' storage instead of reading it (cheap checks);
-            files in torch's legacy format are read normally.
+        mmap: map the tensors' storage instead of copying it into memory
+            (checks; the finite check still reads every tensor once); files in
+            torch's legacy format are read normally.
     """
     path = osp.expanduser(path)
     if not osp.isfile(path):
@@ -102,8 +130,63 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
             raise EOFError('empty file')
         weights_only = not unsafe_load_allowed()
         use_mmap = mmap and zipfile.is_zipfile(path)
-        return torch.load(path, map_location=map_location,
-                          weights_only=weights_only, mmap=use_mmap)
+        checkpoint = torch.load(path, map_location=map_location,
+                                weights_only=weights_only, mmap=use_mmap)
+    check_finite(checkpoint, f'{what} {path!r}')
+    return checkpoint
+
+
+# ------------------------------------------------------ non-finite values
+# top-level entries of a Runner checkpoint that hold no state to train or
+# evaluate with: the logged history (a NaN loss logged once is a fact of the
+# past run) and the metadata
+NOT_WEIGHTS = ('message_hub', 'meta')
+
+
+def non_finite_tensors(obj: Any, where: str = '') -> List[Tuple[str, int, int]]:
+    """``(key, non-finite count, size)`` of every floating-point tensor or
+    array under ``obj`` (nested dicts, lists, tuples) that holds a NaN or an
+    infinity; keys are dotted paths (``state_dict.backbone.cls_token``,
+    ``optimizer.state.3.exp_avg``)."""
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in 'fc':
+            return []
+        finite = np.isfinite(obj)
+        return [] if finite.all() else [(where, int(finite.size - finite.sum()), obj.size)]
+    if isinstance(obj, torch.Tensor):
+        if not (obj.is_floating_point() or obj.is_complex()):
+            return []
+        finite = torch.isfinite(obj)
+        return [] if bool(finite.all()) else [
+            (where, int(finite.numel() - finite.sum()), obj.numel())]
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return []
+    found = []
+    for key, value in items:
+        found += non_finite_tensors(value, f'{where}.{key}' if where else str(key))
+    return found
+
+
+def check_finite(checkpoint: Any, source: str) -> None:
+    """Raise :class:`NonFiniteCheckpointError` if any floating-point tensor of
+    ``checkpoint`` (weights, optimizer state; not :data:`NOT_WEIGHTS`) holds a
+    NaN or an infinity. ``source`` names it (e.g. ``"checkpoint 'x.pth'"``)."""
+    if isinstance(checkpoint, dict):
+        checkpoint = {k: v for k, v in checkpoint.items() if k not in NOT_WEIGHTS}
+    bad = non_finite_tensors(checkpoint)
+    if not bad:
+        return
+    listed = ', '.join(f'{key} ({count} of {size})' for key, count, size in bad[:5])
+    more = f', ... ({len(bad)} tensors in all)' if len(bad) > 5 else ''
+    raise NonFiniteCheckpointError(
+        f'{source} holds NaN or infinite values in {len(bad)} '
+        f'tensor{"s" if len(bad) > 1 else ""}: {listed}{more}. Training or testing '
+        'with it gives NaN: was it saved by a run that diverged, or damaged? Take '
+        'an earlier checkpoint, or the original pre-trained file.')
 
 
 # ------------------------------------------------------ plain checkpoints

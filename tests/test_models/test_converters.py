@@ -7,8 +7,9 @@ import torch
 from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.models import MoPPAVisionTransformer
-from moppa_mm.models.converters import (convert, jax_vit_to_mmpretrain, mae_to_mmpretrain,
-                                        mocov3_to_mmpretrain, save_backbone)
+from moppa_mm.models.converters import (SourceFormatError, convert, jax_vit_to_mmpretrain,
+                                        mae_to_mmpretrain, mocov3_to_mmpretrain, save_backbone)
+from moppa_mm.utils.checkpoints import NonFiniteCheckpointError
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 TINY = dict(arch=ARCH, img_size=32, patch_size=8)
@@ -175,3 +176,41 @@ def test_bad_sources(tmp_path):
         mocov3_to_mmpretrain({'state_dict': {'blocks.0.norm1.weight': torch.zeros(1)}})
     with pytest.raises(KeyError, match="unexpected key 'blocks.0.attn.qkv_lora'"):
         mae_to_mmpretrain({'model': {'blocks.0.attn.qkv_lora': torch.zeros(1)}})
+
+
+def mae_file(tmp_path):
+    path = tmp_path / 'mae_pretrain_vit_base.pth'
+    torch.save({'model': to_timm(reference_vit())}, path)
+    return str(path)
+
+
+def test_jax_converter_given_a_pth_says_what_it_is(tmp_path):
+    with pytest.raises(SourceFormatError) as error:
+        convert(mae_file(tmp_path), 'jax')
+    text = str(error.value)
+    assert 'is a PyTorch checkpoint, not a JAX .npz' in text, text
+    assert 'timm / MAE ViT' in text and 'vit_to_mmpretrain.py mae ' in text, text
+
+
+def test_converting_a_converted_file_says_it_needs_none(tmp_path):
+    converted = save_backbone(convert(mae_file(tmp_path), 'mae'), str(tmp_path / 'vit.pth'))
+    for source in ('mae', 'mocov3', 'swin', 'jax'):
+        with pytest.raises(SourceFormatError, match=r"already converted .*needs no conversion"):
+            convert(converted, source)
+
+
+def test_converter_of_another_release_names_the_right_one(tmp_path):
+    with pytest.raises(SourceFormatError,
+                       match=r"timm / MAE ViT checkpoint .*, not a mocov3 checkpoint\. "
+                             r"Convert it with `python tools/model_converters/"
+                             r"vit_to_mmpretrain.py mae .*mae_pretrain_vit_base.pth "
+                             r".*mae_pretrain_vit_base_mmpretrain.pth`"):
+        convert(mae_file(tmp_path), 'mocov3')
+
+
+def test_non_finite_source_is_refused(tmp_path):
+    npz = to_jax(reference_vit())
+    npz['embedding/bias'][1] = np.nan
+    np.savez(tmp_path / 'ViT.npz', **npz)
+    with pytest.raises(NonFiniteCheckpointError, match=r"ViT\.npz' .*embedding/bias \(1 of 32\)"):
+        convert(str(tmp_path / 'ViT.npz'), 'jax')

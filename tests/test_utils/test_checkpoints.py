@@ -11,8 +11,8 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from moppa_mm.models.converters import convert
-from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError, from_plain,
-                                        load_checkpoint_file, to_plain)
+from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError, NonFiniteCheckpointError,
+                                        from_plain, load_checkpoint_file, to_plain)
 from tests.conftest import PYTHON, REPO, child_env
 
 
@@ -142,3 +142,42 @@ def test_random_bytes_are_called_corrupt_not_unsafe(tmp_path, seed):
         load_checkpoint_file(str(path))
     assert 'holds Python objects' not in str(error.value)
     assert 'not a PyTorch checkpoint' in str(error.value)
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -float('inf')])
+def test_non_finite_weights_are_refused_naming_file_and_keys(tmp_path, bad):
+    weights = {f'backbone.layers.{i}.weight': torch.ones(3, 4) for i in range(7)}
+    weights['backbone.count'] = torch.arange(3)  # integers: always finite
+    path = tmp_path / 'diverged.pth'
+    # logged NaN losses are history, not state: they do not count
+    log = to_plain({'train/loss': HistoryBuffer(np.array([float('nan')]), np.array([1]))})
+    torch.save({'state_dict': weights, 'message_hub': log}, path)
+    assert set(load_checkpoint_file(str(path))['state_dict']) == set(weights)
+
+    for i in range(7):
+        weights[f'backbone.layers.{i}.weight'][0, i % 4] = bad
+    torch.save({'state_dict': weights, 'message_hub': log}, path)
+    with pytest.raises(NonFiniteCheckpointError) as error:
+        load_checkpoint_file(str(path), what='pre-trained checkpoint', mmap=True)
+    text = str(error.value)
+    assert repr(str(path)) in text and 'in 7 tensors' in text, text
+    assert 'state_dict.backbone.layers.0.weight (1 of 12)' in text, text
+    assert 'layers.5.' not in text and '(7 tensors in all)' in text, text  # first five
+
+
+def test_non_finite_optimizer_state_is_refused(tmp_path):
+    state = {'state_dict': {'w': torch.ones(2)},
+             'optimizer': {'state': {0: {'step': torch.tensor(3.0),
+                                         'exp_avg': torch.tensor([0.0, float('inf')])}},
+                           'param_groups': [{'lr': 0.1, 'params': [0]}]}}
+    torch.save(state, tmp_path / 'resume.pth')
+    with pytest.raises(NonFiniteCheckpointError, match=r'optimizer\.state\.0\.exp_avg \(1 of 2\)'):
+        load_checkpoint_file(str(tmp_path / 'resume.pth'))
+
+
+def test_npz_given_as_pytorch_checkpoint_is_named(tmp_path):
+    path = tmp_path / 'ViT-B_16.npz'
+    np.savez(path, cls=np.zeros((1, 1, 4), np.float32))
+    with pytest.raises(CheckpointLoadError,
+                       match=r"NumPy \.npz archive.*vit_to_mmpretrain\.py jax .*ViT-B_16\.npz"):
+        load_checkpoint_file(str(path))

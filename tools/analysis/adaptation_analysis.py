@@ -37,6 +37,7 @@ from mmpretrain.models.peft import LoRAModel
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer
 from moppa_mm.models.converters import plain_to_lora_keys
+from moppa_mm.utils.checkpoints import load_checkpoint_file
 
 GRID = (14, 14)  # ViT-B/16 at 224 px
 PAPER = {'LoRA': (0.065, 0.0007), 'MoPPA': (0.050, 0.0011)}
@@ -50,8 +51,8 @@ def vit_kwargs(depth: int) -> dict:
 def load_base(path: str) -> Dict[str, torch.Tensor]:
     """An mmpretrain ViT-B state dict (a plain tensor file or a checkpoint with
     ``state_dict``; ``backbone.`` prefixes dropped). Read with
-    ``weights_only=True``: no code in the file runs."""
-    state = torch.load(path, map_location='cpu', weights_only=True)
+    ``weights_only=True``: no code in the file runs; NaN / inf refused."""
+    state = load_checkpoint_file(path, what='base checkpoint')
     state = state.get('state_dict', state)
     return {k[len('backbone.'):] if k.startswith('backbone.') else k: v
             for k, v in state.items()}

@@ -15,10 +15,10 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.registry import MODELS, init_default_scope
-from mmengine.runner import CheckpointLoader
 
 import moppa_mm  # noqa: F401  registries (the config's model)
 from moppa_mm.operators import EXPERTS, MoPPAUnit, dct2d
+from moppa_mm.utils.checkpoints import load_checkpoint_file
 
 # the frequency-indexed parameters, (Hr, Wr, N) each, and what the paper calls them
 FREQUENCY_MAPS = (('heat_coef', 'k (heat)'), ('wave_coef', 'c (wave)'),
@@ -187,7 +187,7 @@ def main():
     cfg = Config.fromfile(args.config)
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = MODELS.build(cfg.model)  # no init_weights: only MoPPA tensors are drawn
-    checkpoint = CheckpointLoader.load_checkpoint(args.checkpoint, map_location='cpu')
+    checkpoint = load_checkpoint_file(args.checkpoint)  # safe; NaN / inf refused
     state_dict = checkpoint.get('state_dict', checkpoint)
     count = load_moppa_parameters(model, state_dict)
     paths = draw_learned_maps(model, args.out_dir)

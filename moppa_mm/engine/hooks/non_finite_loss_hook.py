@@ -56,5 +56,6 @@ class NonFiniteLossHook(Hook):
             f'non-finite loss at iteration {runner.iter + 1} (epoch '
             f'{runner.epoch + 1}): {terms}; finite terms: {finite}. Training '
             f'stopped before this iteration could be checkpointed. Check the '
-            f'data preprocessor (std must be non-zero), the learning rate and '
-            f'the input data.')
+            f'data preprocessor (std must be non-zero), the learning rate, '
+            f'the input data and, at the first iterations, the checkpoints the run '
+            f'started from (our tools refuse NaN weights; other loaders may not).')

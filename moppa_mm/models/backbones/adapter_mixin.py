@@ -2,6 +2,7 @@
 after the base class's ``init_weights``, checking every state dict loaded into
 them, checking the fused scale & shift layers' scales once per forward, and the
 parameter breakdown."""
+import os.path as osp
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -10,8 +11,9 @@ from mmengine.logging import print_log
 
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.moppa_unit import FREQ_PARAMS
-from moppa_mm.utils.checkpoints import naming_checkpoint
+from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.params import matches, parameter_table
+from ..converters import check_converted
 from ..layers.scale_shift import ScaleShift, check_scale_floors
 
 # The adapters' parameter names (relative to the backbone), by kind: the one
@@ -95,6 +97,8 @@ class AdapterMixin:
         """Every loader ends here (torch's and mmengine's ``load_state_dict``,
         the ``Pretrained`` init, mmdet's Swin ``init_weights``).
 
+        * a NaN or infinite tensor is an error (``NonFiniteCheckpointError``);
+
         * no adapter keys: a pre-trained base; every base parameter must be
           there (except ``PRETRAINED_MAY_LACK``);
         * adapter keys: a fine-tuned checkpoint; all of the model's adapters
@@ -108,6 +112,7 @@ class AdapterMixin:
                     if k.startswith(prefix)}
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
+        check_finite(incoming, f'{name}: the state dict{where or " being loaded"}')
         # where the units' grid follows the image size (RESIZES_FREQUENCY_MAPS), a
         # frequency map (grid, grid, heads) saved on another grid is resized by
         # the unit itself when it loads it: only the heads must agree
@@ -226,7 +231,8 @@ class AdapterMixin:
     def init_weights(self) -> None:
         """The base classes re-initialise every Linear when no checkpoint is
         given: re-initialise the adapters after them. Errors while reading the
-        pre-trained checkpoint name the file."""
+        pre-trained checkpoint name the file; an unconverted release (no keys
+        under ``init_cfg.prefix``) is named with its converter command."""
         init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
         checkpoint = init_cfg.get('checkpoint') if init_cfg.get('type') == 'Pretrained' \
             else None
@@ -234,10 +240,16 @@ class AdapterMixin:
             super().init_weights()
         else:
             self._checkpoint_source = checkpoint
+            what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
             try:
-                with naming_checkpoint(checkpoint, 'pre-trained checkpoint '
-                                       'model.backbone.init_cfg.checkpoint ='):
+                with naming_checkpoint(checkpoint, what):
                     super().init_weights()
+            except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
+                if 'is not in the pretrained model' in str(error) and init_cfg.get('prefix') \
+                        and osp.isfile(checkpoint):
+                    check_converted(checkpoint, load_checkpoint_file(checkpoint, what),
+                                    init_cfg['prefix'])
+                raise
             finally:
                 self._checkpoint_source = None
         for module in self._adapters():

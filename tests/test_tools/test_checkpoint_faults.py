@@ -1,0 +1,197 @@
+"""Bad checkpoints stop before the first iteration, naming the file and what
+to do: NaN / infinite weights or optimizer state (every path that loads
+weights), a release not converted for the config, a missing ``--resume`` file.
+Run on the classification demo (generated VTAB-1K task, MAE-format ViT)."""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+from launch import load_config, run_tool  # tools/
+from mmengine.runner import load_checkpoint
+
+from moppa_mm.demo_cls import prepare_cls_demo
+from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
+from moppa_mm.models.converters import SourceFormatError, convert, save_backbone
+from moppa_mm.utils.checkpoints import CheckpointLoadError, NonFiniteCheckpointError
+from tests.conftest import REPO
+
+CONFIG = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')
+PRETRAINED = 'data/vtab_demo/vit_demo_mmpretrain.pth'  # the config's, relative
+RAW_MAE = 'data/vtab_demo/mae_pretrain_vit_demo.pth'
+INIT_CFG = 'model.backbone.init_cfg.checkpoint'
+
+
+@pytest.fixture(scope='module')
+def demo(tmp_path_factory):
+    """The demo's task and checkpoints in a fresh folder (the config's paths
+    are relative to it): the converted pre-trained ViT, a copy with one NaN,
+    and an adapter-only fine-tuned checkpoint (adapters + head, as
+    ``AdapterCheckpointHook`` saves it) with one NaN in a MoPPA tensor."""
+    root = tmp_path_factory.mktemp('cls_demo')
+    paths = prepare_cls_demo(str(root / 'data/vtab_demo'))
+    save_backbone(convert(paths['mae_checkpoint'], 'mae'), str(root / PRETRAINED), 'mae')
+
+    pretrained = torch.load(root / PRETRAINED, weights_only=True)
+    pretrained['state_dict']['backbone.layers.1.attn.qkv.bias'][5] = float('nan')
+    torch.save(pretrained, root / 'nan_pretrained.pth')
+
+    model = build_model(load_config(CONFIG))
+    adapters = {k: v for k, v in model.state_dict().items()
+                if not k.startswith('backbone.') or is_adapter_key(k[len('backbone.'):])}
+    moppa_key = next(k for k in adapters if '.moppa.' in k)
+    adapters[moppa_key] = adapters[moppa_key].clone()
+    adapters[moppa_key].view(-1)[0] = float('nan')
+    torch.save({'state_dict': adapters, 'meta': {'adapter_only': True}},
+               root / 'nan_adapter.pth')
+    return dict(root=root, moppa_key=moppa_key)
+
+
+@pytest.fixture
+def in_demo(demo, monkeypatch):
+    monkeypatch.chdir(demo['root'])
+    return demo
+
+
+def build_model(cfg):
+    from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
+    init_default_scope('mmpretrain')
+    return MODELS.build(cfg.model)
+
+
+def test_test_tool_refuses_nan_adapter_checkpoint(in_demo):
+    with pytest.raises(NonFiniteCheckpointError) as error:
+        run_tool('test', [CONFIG, 'nan_adapter.pth', '--work-dir', 'work'])
+    text = str(error.value)
+    assert "to test (CHECKPOINT argument, load_from) = 'nan_adapter.pth'" in text, text
+    assert f"in 1 tensor: state_dict.{in_demo['moppa_key']} (1 of " in text, text
+
+
+@pytest.mark.parametrize('mode', ['train', 'test'])
+def test_tools_refuse_nan_pretrained_checkpoint(in_demo, mode):
+    args = [CONFIG, '--cfg-options', f'{INIT_CFG}=nan_pretrained.pth', '--work-dir', 'work']
+    if mode == 'test':
+        args.insert(1, PRETRAINED)  # any checkpoint: the pre-trained one is checked too
+    with pytest.raises(NonFiniteCheckpointError,
+                       match=rf"{INIT_CFG} = 'nan_pretrained.pth' holds NaN or infinite "
+                             r"values in 1 tensor: state_dict\.backbone\.layers\.1\.attn\."
+                             r"qkv\.bias \(1 of 96\)"):
+        run_tool(mode, args)
+
+
+@pytest.mark.parametrize('resume', ['given', 'latest'])
+def test_resume_refuses_non_finite_optimizer_state(in_demo, tmp_path, resume):
+    checkpoint = torch.load(PRETRAINED, weights_only=True)
+    checkpoint['optimizer'] = {
+        'state': {0: {'step': torch.tensor(4.0), 'exp_avg_sq': torch.full((3, ), float('inf'))}},
+        'param_groups': [{'lr': 1e-3, 'params': [0]}]}
+    path = str(tmp_path / 'epoch_3.pth')
+    torch.save(checkpoint, path)
+    if resume == 'given':
+        args, how = ['--resume', path], r'\(--resume, load_from\)'
+    else:  # --resume alone: the latest checkpoint of the work dir
+        (tmp_path / 'last_checkpoint').write_text(path)
+        args, how = ['--resume'], r'\(--resume: the latest in work_dir\)'
+    with pytest.raises(NonFiniteCheckpointError,
+                       match=rf"to resume from {how} = .*epoch_3\.pth' .*"
+                             r"optimizer\.state\.0\.exp_avg_sq \(3 of 3\)"):
+        run_tool('train', [CONFIG, *args, '--work-dir', str(tmp_path)])
+
+
+def test_missing_resume_checkpoint_names_resume(in_demo):
+    with pytest.raises(FileNotFoundError,
+                       match=r"to resume from \(--resume, load_from\) = "
+                             r"'work_dirs/nope/epoch_3.pth' not found"):
+        run_tool('train', [CONFIG, '--resume', 'work_dirs/nope/epoch_3.pth'])
+
+
+def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
+    """mmdet's and mmpretrain's own tools and APIs load through mmengine, not
+    through our tools: the MoPPA backbone's state-dict check stops them."""
+    cfg = load_config(CONFIG, cfg_options={INIT_CFG: 'nan_pretrained.pth'})
+    with pytest.raises(NonFiniteCheckpointError,
+                       match=r"from 'nan_pretrained.pth' holds NaN .*layers\.1\.attn\.qkv\.bias"):
+        build_model(cfg).init_weights()  # mmengine's Pretrained init
+    model = build_model(load_config(CONFIG))
+    moppa_key = in_demo['moppa_key'][len('backbone.'):]
+    with pytest.raises(NonFiniteCheckpointError, match=rf'{moppa_key} \(1 of '):
+        load_checkpoint(model, 'nan_adapter.pth')  # what the Runner calls
+
+
+def test_publish_refuses_nan_checkpoint(in_demo):
+    publish_model = load_tool('tools/model_converters/publish_model.py')
+    with pytest.raises(NonFiniteCheckpointError, match="publish 'nan_adapter.pth'"):
+        publish_model.publish('nan_adapter.pth', 'published.pth')
+    assert not osp.exists('published.pth') and not osp.exists('published.tmp.pth')
+
+
+@pytest.mark.parametrize('mode', ['train', 'test'])
+def test_unconverted_release_names_the_converter_command(in_demo, mode):
+    command = (f'python tools/model_converters/vit_to_mmpretrain.py mae {RAW_MAE} '
+               f'{RAW_MAE[:-len(".pth")]}_mmpretrain.pth')
+    args = [CONFIG, '--cfg-options', f'{INIT_CFG}={RAW_MAE}', '--work-dir', 'work']
+    if mode == 'test':
+        args.insert(1, 'nan_adapter.pth')  # the pre-trained file is checked first
+    with pytest.raises(SourceFormatError) as error:  # our tools, before the Runner
+        run_tool(mode, args)
+    text = str(error.value)
+    assert f"{INIT_CFG} = '{RAW_MAE}' has no 'backbone.' keys" in text, text
+    assert 'timm / MAE ViT checkpoint' in text and command in text, text
+    # mmpretrain's own tools: the error of mmengine's Pretrained init, explained
+    cfg = load_config(CONFIG, cfg_options={INIT_CFG: RAW_MAE})
+    with pytest.raises(SourceFormatError, match='timm / MAE ViT checkpoint') as error:
+        build_model(cfg).init_weights()
+    assert command in str(error.value)
+    # the converted file passes
+    build_model(load_config(CONFIG)).init_weights()
+
+
+def test_jax_npz_as_pretrained_names_the_jax_converter(in_demo, tmp_path):
+    import numpy as np
+    npz = str(tmp_path / 'ViT-B_16.npz')
+    np.savez(npz, cls=np.zeros((1, 1, 32), np.float32))
+    with pytest.raises(CheckpointLoadError,
+                       match=rf"{INIT_CFG} = '{npz}' is a NumPy \.npz archive, not a PyTorch "
+                             rf"checkpoint .*vit_to_mmpretrain.py jax {npz} DST.pth"):
+        run_tool('train', [CONFIG, '--cfg-options', f'{INIT_CFG}={npz}'])
+
+
+def load_tool(relative_path):
+    spec = importlib.util.spec_from_file_location(
+        osp.splitext(osp.basename(relative_path))[0], osp.join(REPO, relative_path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_visualize_tool_refuses_nan_checkpoint(in_demo, monkeypatch):
+    visualize = load_tool('tools/analysis/visualize_moppa.py')
+    monkeypatch.setattr('sys.argv', ['visualize_moppa.py', CONFIG, 'nan_adapter.pth',
+                                     '--out-dir', 'maps'])
+    with pytest.raises(NonFiniteCheckpointError, match="'nan_adapter.pth' holds NaN"):
+        visualize.main()
+
+
+def test_detector_refuses_nan_official_swin_release(shapes_data, tmp_path):
+    """The detection demo's pre-trained file is an official Swin release, which
+    mmdet's Swin converts on the fly: NaN there stops both our tools' check
+    and mmdet's own loading path (its ``init_weights``) with the file named."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    from preflight import check_config  # tools/
+
+    from tests.conftest import tiny_detection_cfg
+    release = torch.load(shapes_data['pretrained'], weights_only=True)
+    key = next(k for k in release['model'] if k.endswith('attn.qkv.weight'))
+    release['model'][key][0, 0] = float('inf')
+    nan_release = str(tmp_path / 'swin_release.pth')
+    torch.save(release, nan_release)
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work')
+    cfg.model.backbone.init_cfg.checkpoint = nan_release
+    with pytest.raises(NonFiniteCheckpointError, match=rf"'{nan_release}' .*model\.{key} \(1 of"):
+        check_config(cfg, mode='train')
+    init_default_scope('mmdet')
+    backbone = MODELS.build(cfg.model).backbone
+    with pytest.raises(NonFiniteCheckpointError, match=rf"from '{nan_release}' holds NaN"):
+        backbone.init_weights()
