@@ -90,5 +90,7 @@ def assert_same_checkpoints(path, reference_path):
                   if not torch.equal(got_tensors[key], value)]
         assert not differ, f'{len(differ)} of {len(want_tensors)} {part} tensors ' \
                            f'differ, first: {differ[:5]}'
-    assert torch.equal(got['meta']['rng_state']['torch'],
-                       want['meta']['rng_state']['torch'])
+    got_states, want_states = got['meta']['rng_state'], want['meta']['rng_state']
+    assert len(got_states) == len(want_states)  # one per training process
+    for got_state, want_state in zip(got_states, want_states):
+        assert torch.equal(got_state['torch'], want_state['torch'])
