@@ -100,8 +100,9 @@ SCHEDULES = {
 
 
 def build_runner(work_dir, schedule, name, distributed=True, resume=False,
-                 extra_hooks=()):
-    loader = dict(dataset=RandomlyAugmented(), batch_size=2, num_workers=0,
+                 extra_hooks=(), num_workers=0, persistent_workers=False):
+    loader = dict(dataset=RandomlyAugmented(), batch_size=2,
+                  num_workers=num_workers, persistent_workers=persistent_workers,
                   sampler=dict(type='DefaultSampler', shuffle=True),
                   collate_fn=dict(type='default_collate'))
     return Runner(
@@ -177,3 +178,24 @@ def test_resume_with_another_number_of_processes_is_refused(two_process_runs):
     with pytest.raises(RuntimeError, match=r'random states of 2 training process.*'
                                            r'this run has 1'):
         runner.train()
+
+
+def test_epoch_resume_with_persistent_workers_warns_it_is_not_exact(tmp_path):
+    """Persistent workers keep their random states across epochs in their own
+    processes: a resumed epoch loop restarts them from the seed."""
+    schedule = SCHEDULES['epochs']
+    options = dict(distributed=False, num_workers=1, persistent_workers=True)
+    build_runner(tmp_path / 'uninterrupted', schedule, 'whole', **options).train()
+    with pytest.raises(Interrupt):  # in epoch 2 (8 iterations per epoch)
+        build_runner(tmp_path / 'resumed', schedule, 'interrupted', **options,
+                     extra_hooks=[InterruptHook(before_iter=10)]).train()
+    resumed = build_runner(tmp_path / 'resumed', schedule, 'resumed', resume=True,
+                           **options)
+    resumed.train()
+    with open(resumed.logger.log_file) as log_file:
+        log = log_file.read()
+    assert 'workers are persistent' in log and 'not bit-identical' in log
+    got, want = (torch.load(tmp_path / run / schedule['last'], weights_only=True)
+                 for run in ('resumed', 'uninterrupted'))
+    assert not torch.equal(got['state_dict']['linear.weight'],
+                           want['state_dict']['linear.weight'])  # as warned

@@ -90,9 +90,12 @@ class RNGStateHook(Hook):
       iteration loops, right after the batches that resuming replays and
       before the next fetch; for epoch loops, at the start of the epoch.
 
-    The resumed run then reproduces the uninterrupted one (with data loaded in
+    The resumed run then reproduces the uninterrupted one, with data loaded in
     the main process or by workers seeded from the seed, as mmengine seeds
-    them, and not persistent across epochs). The saved states,
+    them. Workers that persist across epochs (``persistent_workers=True``)
+    carry random states no checkpoint holds: an epoch loop resumed with them
+    is not exact, and the hook says so with a warning (an iteration loop
+    replays the skipped batches through its workers and stays exact). The saved states,
     ``checkpoint['meta']['rng_state']``, are a list with one plain dict per
     rank: ``python`` (``random.getstate()``), ``numpy``
     (``np.random.get_state()``), ``torch`` (a uint8 tensor) and, where CUDA is
@@ -198,3 +201,14 @@ class RNGStateHook(Hook):
             _restore(state)
             runner.logger.info('RNGStateHook: random states restored from the '
                                'checkpoint')
+            loader = loop.dataloader
+            if runner.epoch > 0 and loader.num_workers > 0 and loader.persistent_workers:
+                runner.logger.warning(
+                    'RNGStateHook: the training data loader\'s workers are '
+                    'persistent; their random states (random transforms) '
+                    'live in the worker processes, which no checkpoint holds. '
+                    f'They restart from the seed at epoch {runner.epoch + 1}, '
+                    'where the uninterrupted run continued them: this resumed '
+                    'run is not bit-identical to it. For an exact resume, set '
+                    'train_dataloader.persistent_workers=False (workers restart '
+                    'from the seed every epoch) or num_workers=0')
