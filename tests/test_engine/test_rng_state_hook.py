@@ -175,7 +175,8 @@ def test_resume_with_another_number_of_processes_is_refused(two_process_runs):
     work_dir, schedule = two_process_runs
     runner = build_runner(work_dir / 'resumed', schedule, 'one process',
                           distributed=False, resume=True)
-    with pytest.raises(RuntimeError, match=r'random states of 2 training process.*'
+    with pytest.raises(RuntimeError, match=rf'{schedule["last"]} holds the random '
+                                           r'states of 2 training process.*'
                                            r'this run has 1'):
         runner.train()
 

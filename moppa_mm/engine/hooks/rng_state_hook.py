@@ -7,6 +7,7 @@ import torch
 from mmengine.dist import all_gather_object, get_dist_info
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
+from mmengine.runner import find_latest_checkpoint
 
 
 def _capture() -> dict:
@@ -165,7 +166,8 @@ class RNGStateHook(Hook):
         if isinstance(states, dict):  # written by one process, before per-rank lists
             states = [states]
         rank, world_size = get_dist_info()
-        source = getattr(runner, '_load_from', None) or 'the latest checkpoint'
+        source = (getattr(runner, '_load_from', None)
+                  or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
         if len(states) != world_size:
             raise RuntimeError(
                 f'RNGStateHook: {source} holds the random states of '
