@@ -100,11 +100,14 @@ SCHEDULES = {
 
 
 def build_runner(work_dir, schedule, name, distributed=True, resume=False,
-                 extra_hooks=(), num_workers=0, persistent_workers=False):
+                 extra_hooks=(), num_workers=0, persistent_workers=False,
+                 worker_init_fn=None):
     loader = dict(dataset=RandomlyAugmented(), batch_size=2,
                   num_workers=num_workers, persistent_workers=persistent_workers,
                   sampler=dict(type='DefaultSampler', shuffle=True),
                   collate_fn=dict(type='default_collate'))
+    if worker_init_fn is not None:
+        loader['worker_init_fn'] = dict(type=worker_init_fn)
     return Runner(
         model=RandomlyWeightedRegression(), work_dir=str(work_dir),
         experiment_name=name,  # unique: Runners in one process share loggers by name
@@ -181,22 +184,48 @@ def test_resume_with_another_number_of_processes_is_refused(two_process_runs):
         runner.train()
 
 
-def test_epoch_resume_with_persistent_workers_warns_it_is_not_exact(tmp_path):
-    """Persistent workers keep their random states across epochs in their own
-    processes: a resumed epoch loop restarts them from the seed."""
+def run_interrupted_in_epoch_2(work_dir, **options):
+    """One process: an uninterrupted epoch run, one interrupted in its second
+    epoch (8 iterations per epoch), its resumption. Returns the last
+    checkpoints of the resumed and the uninterrupted run and the resumed run's
+    log."""
     schedule = SCHEDULES['epochs']
-    options = dict(distributed=False, num_workers=1, persistent_workers=True)
-    build_runner(tmp_path / 'uninterrupted', schedule, 'whole', **options).train()
-    with pytest.raises(Interrupt):  # in epoch 2 (8 iterations per epoch)
-        build_runner(tmp_path / 'resumed', schedule, 'interrupted', **options,
+    build_runner(work_dir / 'uninterrupted', schedule, 'whole', **options).train()
+    with pytest.raises(Interrupt):
+        build_runner(work_dir / 'resumed', schedule, 'interrupted', **options,
                      extra_hooks=[InterruptHook(before_iter=10)]).train()
-    resumed = build_runner(tmp_path / 'resumed', schedule, 'resumed', resume=True,
+    resumed = build_runner(work_dir / 'resumed', schedule, 'resumed', resume=True,
                            **options)
     resumed.train()
     with open(resumed.logger.log_file) as log_file:
         log = log_file.read()
-    assert 'workers are persistent' in log and 'not bit-identical' in log
-    got, want = (torch.load(tmp_path / run / schedule['last'], weights_only=True)
+    got, want = (torch.load(work_dir / run / schedule['last'], weights_only=True)
                  for run in ('resumed', 'uninterrupted'))
+    return got, want, log
+
+
+def test_epoch_resume_with_persistent_workers_warns_it_is_not_exact(tmp_path):
+    """Persistent workers keep their random states across epochs in their own
+    processes: a resumed epoch loop restarts them from the seed."""
+    got, want, log = run_interrupted_in_epoch_2(
+        tmp_path, distributed=False, num_workers=1, persistent_workers=True)
+    assert 'workers are persistent' in log and 'not bit-identical' in log
     assert not torch.equal(got['state_dict']['linear.weight'],
                            want['state_dict']['linear.weight'])  # as warned
+
+
+def test_epoch_resume_with_epoch_seeded_workers_is_exact(tmp_path):
+    """The shipped configs' training loaders: workers restarted every epoch,
+    seeded by ``epoch_seeded_worker_init`` from the main process's generator,
+    which the checkpoint holds: the resumed run draws the uninterrupted
+    run's augmentations and ends bit-identical, without a warning."""
+    got, want, log = run_interrupted_in_epoch_2(
+        tmp_path, distributed=False, num_workers=2, persistent_workers=False,
+        worker_init_fn='epoch_seeded_worker_init')
+    assert 'workers are persistent' not in log
+    for part in ('state_dict', 'optimizer'):
+        got_part, want_part = dict(tensors(got[part])), dict(tensors(want[part]))
+        assert got_part.keys() == want_part.keys() and want_part, part
+        differ = [key for key in want_part
+                  if not torch.equal(got_part[key], want_part[key])]
+        assert not differ, f'{part}: {differ} differ'
