@@ -92,11 +92,15 @@ class RNGStateHook(Hook):
       before the next fetch; for epoch loops, at the start of the epoch.
 
     The resumed run then reproduces the uninterrupted one, with data loaded in
-    the main process or by workers seeded from the seed, as mmengine seeds
-    them. Workers that persist across epochs (``persistent_workers=True``)
-    carry random states no checkpoint holds: an epoch loop resumed with them
-    is not exact, and the hook says so with a warning (an iteration loop
-    replays the skipped batches through its workers and stays exact). The saved states,
+    the main process or by workers started anew every epoch
+    (``persistent_workers=False``); the shipped configs seed those with
+    ``epoch_seeded_worker_init``, from the main process's generator, so that
+    every epoch draws new augmentations and a resumed one draws the
+    uninterrupted run's. Workers that persist across epochs
+    (``persistent_workers=True``) carry random states no checkpoint holds: an
+    epoch loop resumed with them is not exact, and the hook says so with a
+    warning (an iteration loop replays the skipped batches through its
+    workers and stays exact). The saved states,
     ``checkpoint['meta']['rng_state']``, are a list with one plain dict per
     rank: ``python`` (``random.getstate()``), ``numpy``
     (``np.random.get_state()``), ``torch`` (a uint8 tensor) and, where CUDA is
@@ -212,5 +216,8 @@ class RNGStateHook(Hook):
                     f'They restart from the seed at epoch {runner.epoch + 1}, '
                     'where the uninterrupted run continued them: this resumed '
                     'run is not bit-identical to it. For an exact resume, set '
-                    'train_dataloader.persistent_workers=False (workers restart '
-                    'from the seed every epoch) or num_workers=0')
+                    'train_dataloader.persistent_workers=False and '
+                    'train_dataloader.worker_init_fn=dict(type='
+                    '\'epoch_seeded_worker_init\') (workers restart every epoch, '
+                    'seeded from the checkpointed generator), as the shipped '
+                    'configs do')
