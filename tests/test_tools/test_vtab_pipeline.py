@@ -222,10 +222,14 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(vtab_root, tmp_path,
     random flips and drop path as shipped, killed in the middle of epoch 2:
     resuming from epoch 1 ends bit-identical to the uninterrupted run. With
     two processes seeded apart (``diff_rank_seed``: each rank flips and
-    drops its own way), each must get its own random states back."""
+    drops its own way), each must get its own random states back. The flips
+    are drawn in data workers started every epoch, seeded as shipped
+    (``epoch_seeded_worker_init``)."""
     root, pretrained = vtab_root
     cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', str(tmp_path))
     cfg.model.backbone.drop_path_rate = 0.1  # training draws from torch's stream
+    cfg.train_dataloader.num_workers = 2  # worker_init_fn as shipped
+    assert cfg.train_dataloader.worker_init_fn.type == 'epoch_seeded_worker_init'
     cfg.randomness.diff_rank_seed = processes > 1
     config = dump_cfg(cfg, tmp_path / 'vtab.py')
     reference = tmp_path / 'uninterrupted'
