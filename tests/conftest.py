@@ -75,6 +75,7 @@ SLOW_MODULES = (
     'tests/test_benchmarks/test_transfer.py',
     'tests/test_configs/test_every_config_runs.py',
     'tests/test_engine/test_non_finite_loss_hook.py',
+    'tests/test_engine/test_rng_state_hook.py',
     'tests/test_engine/test_route_logging.py',
     'tests/test_engine/test_route_loss_weight.py',
     'tests/test_tools/',

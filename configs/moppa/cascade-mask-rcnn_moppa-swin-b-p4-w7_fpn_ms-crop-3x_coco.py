@@ -15,8 +15,13 @@ model = dict(
         freeze_pretrained=True))
 
 # mmdet's CocoDataset that also refuses a broken annotation file (truncated JSON,
-# no image, unknown category ids, only degenerate boxes) when it is loaded
-train_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
+# no image, unknown category ids, only degenerate boxes) when it is loaded;
+# training workers restarted every epoch and seeded from the main process's
+# generator: new random flips and crops every epoch, and a resumed run
+# (RNGStateHook) draws the uninterrupted run's
+train_dataloader = dict(
+    persistent_workers=False, worker_init_fn=dict(type='epoch_seeded_worker_init'),
+    dataset=dict(type='CheckedCocoDataset'))
 val_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 test_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 

@@ -175,3 +175,19 @@ def test_param_breakdown_tool_for_any_config():
     assert lora.returncode == 0, lora.stderr[-2000:]
     assert 'trainable backbone parameters: 294,912' in lora.stdout  # rank 8 on qkv
     assert 'backbone.lora' in lora.stdout
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
+def test_training_workers_are_seeded_for_an_exact_resume(path):
+    """A config that resumes exactly (RNGStateHook) restarts its training
+    workers every epoch, seeded from the main process's generator: workers
+    that persist keep random states no checkpoint holds, and mmengine's seeding
+    repeats the same random draws every epoch."""
+    cfg = Config.fromfile(path)
+    if not any(hook.type == 'RNGStateHook' for hook in cfg.get('custom_hooks', [])):
+        return
+    loader = cfg.train_dataloader
+    assert 'moppa_mm' in cfg.custom_imports.imports  # registers the function
+    if loader.num_workers > 0:
+        assert not loader.persistent_workers
+        assert loader.worker_init_fn == dict(type='epoch_seeded_worker_init')

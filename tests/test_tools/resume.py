@@ -9,6 +9,7 @@ The training subprocess imports this module (``custom_imports``) to register
 import os
 import os.path as osp
 import signal
+import socket
 import subprocess
 
 import torch
@@ -42,16 +43,30 @@ class SIGKILLHook(Hook):
         self._kill(runner, in_validation=True)
 
 
-def train(config, work_dir, *extra, timeout=600):
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def train(config, work_dir, *extra, processes=1, timeout=600):
+    """``tools/train.py``, or ``tools/dist_train.sh`` (torchrun, gloo on the
+    CPU) with ``processes`` > 1."""
+    env = child_env()
+    if processes == 1:
+        command = [PYTHON, 'tools/train.py', config]
+    else:
+        command = ['bash', 'tools/dist_train.sh', config, str(processes)]
+        env.update(PYTHON=PYTHON, PORT=str(_free_port()))
     return subprocess.run(
-        [PYTHON, 'tools/train.py', config, '--work-dir', str(work_dir), *extra],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
+        [*command, '--work-dir', str(work_dir), *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def kill_then_resume(config, work_dir, before_iter, in_validation=False):
+def kill_then_resume(config, work_dir, before_iter, in_validation=False, processes=1):
     """Train ``config`` in ``work_dir``, SIGKILLed where :class:`SIGKILLHook`
-    says, then resume it with the unchanged config; returns the resumed run's
-    log."""
+    says (every process, at the same iteration), then resume it with the
+    unchanged config; returns the resumed run's log."""
     os.makedirs(work_dir, exist_ok=True)
     cfg = Config.fromfile(config)
     imports = list(cfg.get('custom_imports', {}).get('imports', []))
@@ -59,9 +74,12 @@ def kill_then_resume(config, work_dir, before_iter, in_validation=False):
     cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
         dict(type='SIGKILLHook', before_iter=before_iter,
              in_validation=in_validation)]
-    killed = train(dump_cfg(cfg, osp.join(work_dir, 'killed.py')), work_dir)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = train(config, work_dir, '--resume')
+    killed = train(dump_cfg(cfg, osp.join(work_dir, 'killed.py')), work_dir,
+                   processes=processes)
+    # torchrun exits with 1 when a process it started dies
+    assert killed.returncode == (-signal.SIGKILL if processes == 1 else 1), \
+        killed.stderr[-3000:]
+    resumed = train(config, work_dir, '--resume', processes=processes)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return resumed.stdout + resumed.stderr
 
@@ -90,5 +108,7 @@ def assert_same_checkpoints(path, reference_path):
                   if not torch.equal(got_tensors[key], value)]
         assert not differ, f'{len(differ)} of {len(want_tensors)} {part} tensors ' \
                            f'differ, first: {differ[:5]}'
-    assert torch.equal(got['meta']['rng_state']['torch'],
-                       want['meta']['rng_state']['torch'])
+    got_states, want_states = got['meta']['rng_state'], want['meta']['rng_state']
+    assert len(got_states) == len(want_states)  # one per training process
+    for got_state, want_state in zip(got_states, want_states):
+        assert torch.equal(got_state['torch'], want_state['torch'])

@@ -86,24 +86,29 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(trained, tmp_path,
     assert same_metrics(val_metrics(str(tmp_path)), val_metrics(trained['work']))
 
 
-def test_kill_and_resume_with_the_shipped_epoch_schedule(shapes_data, tmp_path):
+@pytest.mark.parametrize('processes', [1, 2])
+def test_kill_and_resume_with_the_shipped_epoch_schedule(shapes_data, tmp_path,
+                                                         processes):
     """The demo's own schedule (epochs, validation and a checkpoint after
     each, random flips), killed in the middle of epoch 2: resuming from
-    epoch 1 ends bit-identical to the uninterrupted run."""
+    epoch 1 ends bit-identical to the uninterrupted run, with one process
+    or two (each restores its own random states: its flips, its proposal
+    sampling)."""
     from mmengine.config import Config, ConfigDict
     cfg = tiny_detection_cfg(shapes_data, tmp_path)
     shipped = Config.fromfile(DEMO_CONFIG)
     cfg.train_dataloader.dataset.pipeline = shipped.train_pipeline
-    cfg.train_dataloader.batch_size = 1  # 4 iterations per epoch
+    cfg.train_dataloader.batch_size = 1  # 4 iterations per epoch (2 per process)
     cfg.train_cfg = shipped.train_cfg
     cfg.default_hooks.checkpoint = ConfigDict(type='CheckpointHook', interval=1)
     cfg.log_processor = ConfigDict(by_epoch=True, window_size=1)
     assert (cfg.train_cfg.max_epochs, cfg.train_cfg.val_interval) == (2, 1)
     config = dump_cfg(cfg, tmp_path / 'epochs.py')
     reference = tmp_path / 'uninterrupted'
-    result = train(config, reference)
+    result = train(config, reference, processes=processes)
     assert result.returncode == 0, result.stderr[-3000:]
-    log = kill_then_resume(config, tmp_path / 'killed', before_iter=6)
+    log = kill_then_resume(config, tmp_path / 'killed', processes=processes,
+                           before_iter=6 if processes == 1 else 3)
     assert 'epoch_1.pth' in log and 'random states restored' in log
     assert_same_checkpoints(tmp_path / 'killed' / 'epoch_2.pth',
                             reference / 'epoch_2.pth')

@@ -215,18 +215,28 @@ def test_sweep_tool_compares_methods(tmp_path):
     assert bad.returncode != 0 and 'no lora configs for --pretrain mae' in bad.stderr
 
 
-def test_kill_and_resume_reproduces_the_uninterrupted_run(vtab_root, tmp_path):
+@pytest.mark.parametrize('processes', [1, 2])
+def test_kill_and_resume_reproduces_the_uninterrupted_run(vtab_root, tmp_path,
+                                                          processes):
     """A VTAB config with validation and a checkpoint after every epoch,
     random flips and drop path as shipped, killed in the middle of epoch 2:
-    resuming from epoch 1 ends bit-identical to the uninterrupted run."""
+    resuming from epoch 1 ends bit-identical to the uninterrupted run. With
+    two processes seeded apart (``diff_rank_seed``: each rank flips and
+    drops its own way), each must get its own random states back. The flips
+    are drawn in data workers started every epoch, seeded as shipped
+    (``epoch_seeded_worker_init``)."""
     root, pretrained = vtab_root
     cfg = tiny_vtab_cfg(root, pretrained, 'eurosat', str(tmp_path))
     cfg.model.backbone.drop_path_rate = 0.1  # training draws from torch's stream
+    cfg.train_dataloader.num_workers = 2  # worker_init_fn as shipped
+    assert cfg.train_dataloader.worker_init_fn.type == 'epoch_seeded_worker_init'
+    cfg.randomness.diff_rank_seed = processes > 1
     config = dump_cfg(cfg, tmp_path / 'vtab.py')
     reference = tmp_path / 'uninterrupted'
-    result = train(config, reference)
+    result = train(config, reference, processes=processes)
     assert result.returncode == 0, result.stderr[-3000:]
-    log = kill_then_resume(config, tmp_path / 'killed', before_iter=4)  # 3 per epoch
+    log = kill_then_resume(config, tmp_path / 'killed', processes=processes,
+                           before_iter=4 if processes == 1 else 3)  # 3 / 2 per epoch
     assert 'epoch_1.pth' in log and 'random states restored' in log
     assert_same_checkpoints(tmp_path / 'killed' / 'epoch_2.pth',
                             reference / 'epoch_2.pth')

@@ -16,10 +16,14 @@ test_pipeline = [
     dict(type='CenterCrop', crop_size=224),
     dict(type='PackInputs'),
 ]
+# workers restarted every epoch and seeded from the main process's generator:
+# new random flips every epoch, and a resumed run (RNGStateHook) draws the
+# uninterrupted run's
 train_dataloader = dict(
     batch_size=64,
     num_workers=4,
-    persistent_workers=True,
+    persistent_workers=False,
+    worker_init_fn=dict(type='epoch_seeded_worker_init'),
     sampler=dict(type='DefaultSampler', shuffle=True),
     dataset=dict(type='ImageNet', data_root=data_root, split='train',
                  pipeline=train_pipeline))

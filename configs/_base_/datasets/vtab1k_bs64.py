@@ -14,10 +14,14 @@ test_pipeline = [
     dict(type='Resize', scale=(224, 224), interpolation='bicubic'),
     dict(type='PackInputs'),
 ]
+# workers restarted every epoch and seeded from the main process's generator:
+# new random flips every epoch, and a resumed run (RNGStateHook) draws the
+# uninterrupted run's
 train_dataloader = dict(
     batch_size=64,
     num_workers=4,
-    persistent_workers=True,
+    persistent_workers=False,
+    worker_init_fn=dict(type='epoch_seeded_worker_init'),
     sampler=dict(type='DefaultSampler', shuffle=True),
     dataset=dict(type='VTAB1k', data_root=data_root, task='cifar',
                  split='train800val200', pipeline=train_pipeline))

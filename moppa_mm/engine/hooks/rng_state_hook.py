@@ -1,11 +1,13 @@
 """Makes an interrupted run continue exactly where it stopped."""
 import random
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
-from mmengine.hooks import Hook
+from mmengine.dist import all_gather_object, get_dist_info
+from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
+from mmengine.runner import find_latest_checkpoint
 
 
 def _capture() -> dict:
@@ -54,12 +56,24 @@ class _RestoreAfterSkip:
 
 @HOOKS.register_module()
 class RNGStateHook(Hook):
-    """Saves the random number generators' states in checkpoints, restores
-    them when training resumes, and keeps validation off training's stream.
+    """Saves every training process's random number generator states in
+    checkpoints, restores each process's own when training resumes, and keeps
+    validation off training's stream.
 
-    mmengine's ``resume`` only re-seeds. Two things make a killed and resumed
-    run differ from the uninterrupted one, and this hook removes both:
+    mmengine's ``resume`` only re-seeds. Three things make a killed and resumed
+    run differ from the uninterrupted one, and this hook removes them:
 
+    * Every process has its own random stream (its own samples, random
+      transforms, proposal sampling that draws a data-dependent amount), but
+      only the main process writes checkpoints: ``Runner.save_checkpoint`` is
+      ``master_only``, the other ranks never see ``before_save_checkpoint``.
+      The hook therefore gathers every rank's states (``all_gather_object``)
+      at the points where a ``CheckpointHook`` may save: after a training
+      epoch, before validation (``save_best``), and after a training
+      iteration at which a ``by_epoch=False`` ``CheckpointHook`` saves. Its
+      priority (``LOW``) puts it before ``CheckpointHook`` (``VERY_LOW``).
+      On resume each rank restores its own states; a checkpoint saved by a
+      different number of processes is refused with an error.
     * Validation draws random numbers (a new DataLoader iterator draws its base
       seed from the global torch generator; a random test-time transform would
       draw more), and it runs after the checkpoint is written
@@ -70,42 +84,116 @@ class RNGStateHook(Hook):
       state the next training iteration starts from, whether or not a
       validation runs in between (a resumed run skips the one it was killed
       in). A checkpoint written during validation (``save_best``) stores the
-      training state captured in ``before_val``.
+      training states captured in ``before_val``.
     * Between writing a checkpoint and the next iteration, the uninterrupted run
       then draws random numbers only when it fetches the next batch. The
       resumed run is put back in the same state at the same point: for
       iteration loops, right after the batches that resuming replays and
       before the next fetch; for epoch loops, at the start of the epoch.
 
-    The resumed run then reproduces the uninterrupted one (with data loaded in
-    the main process or by workers seeded from the seed, as mmengine seeds
-    them). The saved state, ``checkpoint['meta']['rng_state']``, is a plain
-    dict: ``python`` (``random.getstate()``), ``numpy``
+    The resumed run then reproduces the uninterrupted one, with data loaded in
+    the main process or by workers started anew every epoch
+    (``persistent_workers=False``); the shipped configs seed those with
+    ``epoch_seeded_worker_init``, from the main process's generator, so that
+    every epoch draws new augmentations and a resumed one draws the
+    uninterrupted run's. Workers that persist across epochs
+    (``persistent_workers=True``) carry random states no checkpoint holds: an
+    epoch loop resumed with them is not exact, and the hook says so with a
+    warning (an iteration loop replays the skipped batches through its
+    workers and stays exact). The saved states,
+    ``checkpoint['meta']['rng_state']``, are a list with one plain dict per
+    rank: ``python`` (``random.getstate()``), ``numpy``
     (``np.random.get_state()``), ``torch`` (a uint8 tensor) and, where CUDA is
-    available, ``cuda`` (a list of uint8 tensors, one per device).
+    available, ``cuda`` (a list of uint8 tensors, one per device). A
+    checkpoint saved where the hook could not gather the other ranks' states
+    (a ``runner.save_checkpoint`` call from elsewhere) holds ``None`` for
+    them, with a warning; resuming it with several processes is refused.
     """
 
-    priority = 'VERY_LOW'
+    priority = 'LOW'
 
     def __init__(self) -> None:
-        self._pending: Optional[dict] = None  # loaded, to restore at resume
-        self._training_state: Optional[dict] = None  # set while validating
+        self._pending: Optional[dict] = None  # this rank's, loaded, to restore at resume
+        self._training_states: Optional[List[dict]] = None  # set while validating
+        # every rank's states and the (iter, epoch) at which they were gathered
+        self._gathered: Optional[tuple] = None
+
+    @staticmethod
+    def _every_rank() -> List[dict]:
+        return all_gather_object(_capture())  # [state of rank 0, rank 1, ...]
+
+    def _gather_for_checkpoint(self, runner) -> None:
+        if get_dist_info()[1] > 1:
+            self._gathered = (runner.iter, runner.epoch), self._every_rank()
+
+    def _saves_after_this_iter(self, runner) -> bool:
+        """Whether a ``by_epoch=False`` ``CheckpointHook`` saves after the
+        current training iteration (its own criterion)."""
+        return any(
+            isinstance(hook, CheckpointHook) and not hook.by_epoch and (
+                hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
+                or (hook.save_last and hook.is_last_train_iter(runner)))
+            for hook in runner.hooks)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs=None) -> None:
+        if self._saves_after_this_iter(runner):
+            self._gather_for_checkpoint(runner)
+
+    def after_train_epoch(self, runner) -> None:
+        self._gather_for_checkpoint(runner)
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        state = self._training_state or _capture()
-        checkpoint.setdefault('meta', {})['rng_state'] = state
+        world_size = get_dist_info()[1]
+        if self._training_states is not None:
+            states = self._training_states
+        elif world_size == 1:
+            states = [_capture()]
+        elif self._gathered is not None and self._gathered[0] == (runner.iter,
+                                                                  runner.epoch):
+            states = self._gathered[1]
+        else:
+            runner.logger.warning(
+                'RNGStateHook: a checkpoint is saved where the other ranks\' '
+                'random states were not gathered (iteration '
+                f'{runner.iter}); it holds rank 0\'s only and cannot be '
+                'resumed exactly with several processes')
+            states = [_capture()] + [None] * (world_size - 1)
+        checkpoint.setdefault('meta', {})['rng_state'] = states
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if getattr(runner, '_resume', False):
-            self._pending = checkpoint.get('meta', {}).get('rng_state')
+        if not getattr(runner, '_resume', False):
+            return
+        states = checkpoint.get('meta', {}).get('rng_state')
+        if states is None:
+            return
+        if isinstance(states, dict):  # written by one process, before per-rank lists
+            states = [states]
+        rank, world_size = get_dist_info()
+        source = (getattr(runner, '_load_from', None)
+                  or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
+        if len(states) != world_size:
+            raise RuntimeError(
+                f'RNGStateHook: {source} holds the random states of '
+                f'{len(states)} training process(es), this run has {world_size}: '
+                f'an exact resume needs the same number of processes. Resume '
+                f'with {len(states)}, or remove RNGStateHook from custom_hooks to '
+                'resume from re-seeded generators (not bit-identical)')
+        if states[rank] is None:
+            raise RuntimeError(
+                f'RNGStateHook: {source} holds no random state for rank {rank} '
+                '(saved where the hook could not gather it; see the warning in '
+                'that run\'s log). Remove RNGStateHook from custom_hooks to '
+                'resume from re-seeded generators (not bit-identical)')
+        self._pending = states[rank]
 
     def before_val(self, runner) -> None:
-        self._training_state = _capture()
+        self._training_states = self._every_rank()
 
     def after_val(self, runner) -> None:
-        if self._training_state is not None:
-            _restore(self._training_state)
-            self._training_state = None
+        if self._training_states is not None:
+            _restore(self._training_states[get_dist_info()[0]])
+            self._training_states = None
 
     def before_train_epoch(self, runner) -> None:
         if self._pending is None:
@@ -119,3 +207,17 @@ class RNGStateHook(Hook):
             _restore(state)
             runner.logger.info('RNGStateHook: random states restored from the '
                                'checkpoint')
+            loader = loop.dataloader
+            if runner.epoch > 0 and loader.num_workers > 0 and loader.persistent_workers:
+                runner.logger.warning(
+                    'RNGStateHook: the training data loader\'s workers are '
+                    'persistent; their random states (random transforms) '
+                    'live in the worker processes, which no checkpoint holds. '
+                    f'They restart from the seed at epoch {runner.epoch + 1}, '
+                    'where the uninterrupted run continued them: this resumed '
+                    'run is not bit-identical to it. For an exact resume, set '
+                    'train_dataloader.persistent_workers=False and '
+                    'train_dataloader.worker_init_fn=dict(type='
+                    '\'epoch_seeded_worker_init\') (workers restart every epoch, '
+                    'seeded from the checkpointed generator), as the shipped '
+                    'configs do')
