@@ -1,4 +1,6 @@
 import ast
+import copy
+import functools
 import glob
 import os.path as osp
 
@@ -31,6 +33,17 @@ def test_there_are_configs():
         assert len([n for n in names if n.startswith(f'configs/fgvc/{method}_')]) == 5
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path):
+    return Config.fromfile(path)
+
+
+def parsed(path):
+    """``Config.fromfile(path)``, parsed once per test session (a copy: tests
+    change what they get)."""
+    return copy.deepcopy(_parsed(path))
+
+
 def build_tiny(cfg):
     """Build the config's model with a tiny backbone and no weight loading."""
     backbone = cfg.model.backbone
@@ -61,7 +74,7 @@ def build_tiny(cfg):
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_config_parses_and_builds(path):
-    cfg = Config.fromfile(path)
+    cfg = parsed(path)
     assert cfg.model.type
     if 'moppa' in osp.basename(path):
         assert cfg.custom_imports == dict(imports=['moppa_mm'],
@@ -183,7 +196,7 @@ def test_training_workers_are_seeded_for_an_exact_resume(path):
     workers every epoch, seeded from the main process's generator: workers
     that persist keep random states no checkpoint holds, and mmengine's seeding
     repeats the same random draws every epoch."""
-    cfg = Config.fromfile(path)
+    cfg = parsed(path)
     if not any(hook.type == 'RNGStateHook' for hook in cfg.get('custom_hooks', [])):
         return
     loader = cfg.train_dataloader
