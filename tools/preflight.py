@@ -274,6 +274,10 @@ def _check_moppa_hooks(cfg) -> None:
         return
     where, cls, _ = backbones[0]
     lines = '\n'.join(f'  {name}: {loss}' for name, loss in missing)
+    ours = tuple(getattr(hooks, name) for name, _ in MOPPA_HOOKS)
+    own = [_hook_text(hook) for hook in cfg.get('custom_hooks') or []
+           if not any(issubclass(c, ours) for c in _configured_hooks(
+               {'custom_hooks': [hook]}))] or ["dict(type='YourHook')"]
     opt_outs = '\n'.join(f'  {MOPPA_HOOK_OPT_OUTS[name]}' for name, _ in missing
                          if name in MOPPA_HOOK_OPT_OUTS)
     raise ValueError(
@@ -281,8 +285,16 @@ def _check_moppa_hooks(cfg) -> None:
         f'lacks; without them the run loses:\n{lines}\n'
         'A child config\'s custom_hooks replaces its base\'s whole list. To add '
         'a hook, extend the base\'s list instead:\n'
-        "  custom_hooks = [*_base_.custom_hooks, dict(type='EMAHook')]"
+        f"  custom_hooks = [*_base_.custom_hooks, {', '.join(own)}]\n"
+        '(in the child config file; on the command line, list the base\'s hooks too)'
         + (f'\nTo go without one on purpose:\n{opt_outs}' if opt_outs else ''))
+
+
+def _hook_text(hook) -> str:
+    """A hook's config as a child config would write it: ``dict(type='X', a=1)``."""
+    if not isinstance(hook, dict):
+        return repr(hook)
+    return 'dict(' + ', '.join(f'{key}={value!r}' for key, value in hook.items()) + ')'
 
 
 def _is_remote(path: str) -> bool:

@@ -109,5 +109,13 @@ def test_going_without_a_hook_on_purpose(shapes_data, tmp_path):
     cfg = child_config(tmp_path, DEMO_CONFIG, without('PlainCheckpointHook'), shapes_data)
     with pytest.raises(ValueError, match=r'loses:\n  PlainCheckpointHook: [^\n]*\nA child'
                        r"[^\n]*\n  custom_hooks = \[\*_base_.custom_hooks, "
-                       r"dict\(type='EMAHook'\)\]$"):
+                       r"dict\(type='YourHook'\)\]\n\(in the child config"):
+        check_config(cfg)  # (no hook of the user's own: a placeholder)
+    # the suggestion keeps the user's own hooks
+    cfg = child_config(tmp_path, DEMO_CONFIG,
+                       "custom_hooks = [dict(type='SyncBuffersHook'), "
+                       "dict(type='EMAHook', momentum=0.001)]", shapes_data)
+    with pytest.raises(ValueError, match=r"custom_hooks = \[\*_base_.custom_hooks, "
+                       r"dict\(type='SyncBuffersHook'\), "
+                       r"dict\(type='EMAHook', momentum=0.001\)\]"):
         check_config(cfg)

@@ -108,11 +108,18 @@ class RNGStateHook(Hook):
     checkpoint saved where the hook could not gather the other ranks' states
     (a ``runner.save_checkpoint`` call from elsewhere) holds ``None`` for
     them, with a warning; resuming it with several processes is refused.
+
+    Args:
+        exact_resume (bool): Refuse a resume that cannot be exact: another
+            number of processes than the checkpoint saved states for, or a
+            rank whose state is missing. False: warn and resume from the
+            generators as seeded (not bit-identical). Defaults to True.
     """
 
     priority = 'LOW'
 
-    def __init__(self) -> None:
+    def __init__(self, exact_resume: bool = True) -> None:
+        self.exact_resume = exact_resume
         self._pending: Optional[dict] = None  # this rank's, loaded, to restore at resume
         self._training_states: Optional[List[dict]] = None  # set while validating
         # every rank's states and the (iter, epoch) at which they were gathered
@@ -172,20 +179,28 @@ class RNGStateHook(Hook):
         rank, world_size = get_dist_info()
         source = (getattr(runner, '_load_from', None)
                   or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
+        problem = remedy = None
         if len(states) != world_size:
+            problem = (f'{source} holds the random states of {len(states)} training '
+                       f'process(es), this run has {world_size}: an exact resume needs '
+                       'the same number of processes.')
+            remedy = f'Resume with {len(states)}, or set'
+        elif states[rank] is None:
+            problem = (f'{source} holds no random state for rank {rank} (saved where '
+                       'the hook could not gather it; see the warning in that run\'s '
+                       'log).')
+            remedy = 'Set'
+        if problem is None:
+            self._pending = states[rank]
+        elif self.exact_resume:
             raise RuntimeError(
-                f'RNGStateHook: {source} holds the random states of '
-                f'{len(states)} training process(es), this run has {world_size}: '
-                f'an exact resume needs the same number of processes. Resume '
-                f'with {len(states)}, or remove RNGStateHook from custom_hooks to '
-                'resume from re-seeded generators (not bit-identical)')
-        if states[rank] is None:
-            raise RuntimeError(
-                f'RNGStateHook: {source} holds no random state for rank {rank} '
-                '(saved where the hook could not gather it; see the warning in '
-                'that run\'s log). Remove RNGStateHook from custom_hooks to '
-                'resume from re-seeded generators (not bit-identical)')
-        self._pending = states[rank]
+                f"RNGStateHook: {problem} {remedy} dict(type='RNGStateHook', "
+                'exact_resume=False) in custom_hooks to resume from the generators '
+                'as seeded (not bit-identical)')
+        else:
+            runner.logger.warning(f'RNGStateHook: {problem} With exact_resume=False, '
+                                  'it resumes from the generators as seeded: not '
+                                  'bit-identical')
 
     def before_val(self, runner) -> None:
         self._training_states = self._every_rank()
