@@ -1,8 +1,9 @@
 """moppa_mm: MoPPA (Mixture of Physical Priors Adapter) for OpenMMLab.
 
 Importing the package registers its backbones, data sets and hooks in
-mmdet's, mmpretrain's and mmengine's registries, and the ``moppa_mm::`` config
-scope, and does nothing else; configs do it with
+mmdet's, mmpretrain's and mmengine's registries, the ``moppa_mm::`` config
+scope, and mmengine's checkpoint types with torch's ``weights_only`` loader,
+and does nothing else; configs do it with
 ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
 """
 
@@ -45,5 +46,15 @@ def _register_config_scope() -> None:
 
 
 _register_config_scope()
+
+
+def _allow_runner_checkpoints() -> None:
+    """Checkpoints that any mmengine Runner writes load with torch's default
+    ``weights_only=True`` (a registration with torch, nothing patched)."""
+    from .utils.checkpoints import allow_runner_checkpoints
+    allow_runner_checkpoints()
+
+
+_allow_runner_checkpoints()
 
 from .version import __version__  # noqa: E402,F401

@@ -1,9 +1,8 @@
 """Checks that fail in seconds, with the culprit named, instead of hours in:
 what ``tools/train.py`` and ``tools/test.py`` run on the final config before
 the Runner is built (:func:`check_config`)."""
-import inspect
 import os.path as osp
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 from mmengine.logging import print_log
 
@@ -174,30 +173,6 @@ def _check_detection_classes(cfg, where: str, ds) -> None:
         _check_coco_categories(where, classes, source, coco_file)
 
 
-# The hooks a model with a MoPPA backbone trains with (the shipped configs'
-# custom_hooks) and what a run without each loses
-MOPPA_HOOKS = (
-    ('PEFTFreezeHook', 'the audit of what trains (the parameter table), frozen '
-     'normalisation layers kept in eval mode'),
-    ('RouteRegularizationHook', 'the route loss (paper Eq. 13), for backbones '
-     'with MoPPA units'),
-    ('AdapterCheckpointHook', 'adapter-only checkpoints (megabytes instead of '
-     'the whole frozen backbone)'),
-    ('RNGStateHook', 'exact resume (the random states in checkpoints)'),
-    ('PlainCheckpointHook', 'checkpoints that load with weights_only=True '
-     '(tools/test.py, --resume)'),
-    ('NonFiniteLossHook', 'the stop at the first NaN or infinite loss, before it '
-     'is saved'),
-)
-# the explicit ways to go without a hook on purpose
-MOPPA_HOOK_OPT_OUTS = {
-    'RouteRegularizationHook': 'route_loss_weight = 0 (no route loss, the '
-    'hook is then not needed)',
-    'AdapterCheckpointHook': "dict(type='AdapterCheckpointHook', enabled=False) "
-    'in custom_hooks (full checkpoints)',
-}
-
-
 def _registered(registries, type_name) -> Optional[type]:
     """The class ``type_name`` names in the first of ``registries`` that has it
     (mmdet's and mmpretrain's MoPPA Swin share a name and their switches)."""
@@ -227,74 +202,16 @@ def _moppa_backbones(node, where: str = 'model') -> Iterator[Tuple[str, type, di
             yield from _moppa_backbones(value, f'{where}[{i}]')
 
 
-def _configured_hooks(cfg) -> List[type]:
-    """The classes of ``custom_hooks`` and ``default_hooks``."""
-    from mmdet.registry import HOOKS as MMDET_HOOKS
-    from mmengine.hooks import Hook
-    from mmengine.registry import HOOKS
-    from mmpretrain.registry import HOOKS as MMPRETRAIN_HOOKS
-
-    from moppa_mm.registry import HOOKS as MOPPA_HOOKS_REGISTRY
-    registries = (MMDET_HOOKS, MMPRETRAIN_HOOKS, MOPPA_HOOKS_REGISTRY, HOOKS)
-    entries = list(cfg.get('custom_hooks') or [])
-    entries += list((cfg.get('default_hooks') or {}).values())
-    classes = []
-    for entry in entries:
-        if isinstance(entry, Hook):
-            classes.append(type(entry))
-        elif isinstance(entry, dict):
-            cls = _registered(registries, entry.get('type'))
-            if cls is not None:
-                classes.append(cls)
-    return classes
-
-
-def _use_moppa(cls: type, backbone: dict) -> bool:
-    default = inspect.signature(cls).parameters.get('use_moppa')
-    return bool(backbone.get(
-        'use_moppa', True if default is None else default.default))
-
-
-def _check_moppa_hooks(cfg) -> None:
-    """A model with a MoPPA backbone trains with the method's hooks: a child
-    config's ``custom_hooks`` replaces its base's list, and without them the
-    run would go on with no route loss, full checkpoints and no exact resume."""
-    from moppa_mm.engine import hooks
-    backbones = list(_moppa_backbones(cfg.get('model') or {}))
-    if not backbones:
-        return
-    configured = _configured_hooks(cfg)
-    with_units = [where for where, cls, node in backbones if _use_moppa(cls, node)]
-    needed = [(name, loss) for name, loss in MOPPA_HOOKS
-              if name != 'RouteRegularizationHook'
-              or (with_units and cfg.get('route_loss_weight', 1.0) != 0)]
-    missing = [(name, loss) for name, loss in needed
-               if not any(issubclass(c, getattr(hooks, name)) for c in configured)]
-    if not missing:
-        return
-    where, cls, _ = backbones[0]
-    lines = '\n'.join(f'  {name}: {loss}' for name, loss in missing)
-    ours = tuple(getattr(hooks, name) for name, _ in MOPPA_HOOKS)
-    own = [_hook_text(hook) for hook in cfg.get('custom_hooks') or []
-           if not any(issubclass(c, ours) for c in _configured_hooks(
-               {'custom_hooks': [hook]}))] or ["dict(type='YourHook')"]
-    opt_outs = '\n'.join(f'  {MOPPA_HOOK_OPT_OUTS[name]}' for name, _ in missing
-                         if name in MOPPA_HOOK_OPT_OUTS)
-    raise ValueError(
-        f'{where} is a {cls.__name__}, which trains with hooks that custom_hooks '
-        f'lacks; without them the run loses:\n{lines}\n'
-        'A child config\'s custom_hooks replaces its base\'s whole list. To add '
-        'a hook, extend the base\'s list instead:\n'
-        f"  custom_hooks = [*_base_.custom_hooks, {', '.join(own)}]\n"
-        '(in the child config file; on the command line, list the base\'s hooks too)'
-        + (f'\nTo go without one on purpose:\n{opt_outs}' if opt_outs else ''))
-
-
-def _hook_text(hook) -> str:
-    """A hook's config as a child config would write it: ``dict(type='X', a=1)``."""
-    if not isinstance(hook, dict):
-        return repr(hook)
-    return 'dict(' + ', '.join(f'{key}={value!r}' for key, value in hook.items()) + ')'
+def _check_moved_options(cfg) -> None:
+    """Options that moved into the model: a config that still sets them would
+    train without them, silently."""
+    if 'route_loss_weight' in cfg and list(_moppa_backbones(cfg.get('model') or {})):
+        raise ValueError(
+            f'route_loss_weight = {cfg.route_loss_weight!r} at the top level of the '
+            'config has no effect: the route regularisation is the MoPPA '
+            'backbone\'s own. Set model.backbone.route_loss_weight='
+            f'{cfg.route_loss_weight!r} instead (--cfg-options '
+            f'model.backbone.route_loss_weight={cfg.route_loss_weight!r}).')
 
 
 def _is_remote(path: str) -> bool:
@@ -380,7 +297,8 @@ def check_config(cfg, mode: str = 'train') -> None:
     safely or holds NaN / infinite values, ``CheckpointLoadError``; for a
     release not converted to the ``init_cfg`` prefix, ``SourceFormatError``)
     naming the first bad local input, and ``ValueError`` naming the config
-    keys of a model that does not fit its data or misses its hooks.
+    keys of a model that does not fit its data or sets an option that moved
+    into the model.
 
     Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
     ``load_from`` (the checkpoint to test or resume from) as every loader will
@@ -390,8 +308,8 @@ def check_config(cfg, mode: str = 'train') -> None:
     ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
     Also checks the class counts: a classification head against a VTAB-1K or
     FGVC task, every bbox and mask head against an mmdet data set's classes
-    (and those against a COCO file's categories); and, for training, that a
-    model with a MoPPA backbone has the method's hooks (:data:`MOPPA_HOOKS`).
+    (and those against a COCO file's categories); and that a config with a
+    MoPPA backbone does not set the old top-level ``route_loss_weight``.
     """
     if mode not in SPLITS:
         raise ValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
@@ -412,8 +330,7 @@ def check_config(cfg, mode: str = 'train') -> None:
         checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
         if prefix:  # a release not converted to the prefixed keys
             check_converted(path, checkpoint, prefix, where)
-    if mode == 'train':
-        _check_moppa_hooks(cfg)
+    _check_moved_options(cfg)
     for where, ds in _datasets(cfg, mode):
         preflight = _dataset_method(ds.get('type'), 'preflight')
         if preflight is not None:

@@ -1,9 +1,11 @@
 # Runtime shared by the MoPPA classification configs (VTAB-1K, FGVC,
 # ImageNet-1K): mmpretrain's, with moppa_mm imported (its models, data sets and
 # hooks register themselves), a log line every 10 iterations and one checkpoint
-# every 10 epochs, the last one kept. The hooks that go with a fine-tuning
-# method (what trains, what a checkpoint keeps) are in its model base.
-_base_ = 'mmpretrain::_base_/default_runtime.py'
+# every 10 epochs, the last one kept, and the opt-in guarantees of
+# moppa_guards.py (exact resume, weights_only checkpoints, a stop at a NaN loss).
+# The method itself needs no hook: the MoPPA backbones freeze their base, add
+# loss_route and save adapter-only checkpoints on their own.
+_base_ = ['mmpretrain::_base_/default_runtime.py', './moppa_guards.py']
 
 custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)
 

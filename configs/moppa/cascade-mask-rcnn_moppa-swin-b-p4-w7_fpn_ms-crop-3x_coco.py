@@ -2,7 +2,10 @@
 # unit before every window attention and a 3x3 conv adapter before every FFN;
 # only those (3.21M, paper 3.18M) plus the neck and heads train.
 # Paper: box AP 52.7, mask AP 45.6 on COCO val2017 after 36 epochs.
-_base_ = './cascade-mask-rcnn_swin-b-p4-w7_fpn_ms-crop-3x_coco.py'
+_base_ = [
+    './cascade-mask-rcnn_swin-b-p4-w7_fpn_ms-crop-3x_coco.py',
+    '../_base_/moppa_guards.py',  # opt-in: exact resume, weights_only checkpoints, NaN stop
+]
 
 custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)
 
@@ -10,9 +13,9 @@ model = dict(
     backbone=dict(
         type='MoPPASwinTransformer',
         moppa_scope='window',  # or 'global': the whole feature map
-        moppa_cfg=dict(eta=1e-3, init_mode='identity', heat_param='softplus'),
         adapter_ratio=7.25,
-        freeze_pretrained=True))
+        freeze_pretrained=True,  # the base freezes when built
+        route_loss_weight=1.0))  # loss_route = w max(1 - 2T/T_total, 0) L_reg
 
 # mmdet's CocoDataset that also refuses a broken annotation file (truncated JSON,
 # no image, unknown category ids, only degenerate boxes) when it is loaded;
@@ -27,16 +30,3 @@ test_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 
 # the optimizer holds what trains; no log line per frozen parameter
 optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')
-
-# w of the route regularisation (paper Eq. 13): RouteRegularizationHook reads
-# it from the config, so a child config or --cfg-options route_loss_weight=0.5
-# changes it
-route_loss_weight = 1.0
-custom_hooks = [
-    dict(type='PEFTFreezeHook'),  # audits the frozen set, prints the table
-    dict(type='RouteRegularizationHook'),  # w = route_loss_weight, read at train start
-    dict(type='AdapterCheckpointHook'),  # checkpoints hold adapters + heads only
-    dict(type='RNGStateHook'),  # an interrupted run resumes to the same result
-    dict(type='PlainCheckpointHook'),  # checkpoints load with weights_only=True
-    dict(type='NonFiniteLossHook'),  # stops at a NaN/inf loss, before saving
-]

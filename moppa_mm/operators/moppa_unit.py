@@ -97,6 +97,30 @@ def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
     return resized.squeeze(0)
 
 
+def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
+                       init_mode: str, heat_param: str) -> None:
+    """Raise ``ValueError`` naming the first option of :class:`MoPPAUnit` out of
+    its range (the one check the unit and the backbones' ``MoPPAConfig`` share)."""
+    if init_mode not in INIT_MODES:
+        raise ValueError(f'unknown init_mode {init_mode!r}, expected one of '
+                         f'{INIT_MODES}')
+    if heat_param not in HEAT_PARAMS:
+        raise ValueError(f'unknown heat_param {heat_param!r}, expected one '
+                         f'of {HEAT_PARAMS}')
+    if not isinstance(eta, (int, float)) or isinstance(eta, bool) or not eta > 0:
+        raise ValueError(f'eta must be a number > 0 (the DC term has w = 0), got {eta!r}')
+    if resize_mode not in RESIZE_MODES:
+        raise ValueError(f'unknown resize_mode {resize_mode!r}, expected one '
+                         f'of {RESIZE_MODES}')
+    if isinstance(experts, str):
+        raise ValueError(f'experts must be a sequence of names from {EXPERTS}, '
+                         f'got the string {experts!r}')
+    unknown = [e for e in experts if e not in EXPERTS]
+    if unknown or not experts or len(set(experts)) != len(experts):
+        raise ValueError(f'experts must be distinct names from {EXPERTS}, '
+                         f'got {tuple(experts)}')
+
+
 class _SpectralFilter(torch.autograd.Function):
     """``field + spectrum * filter`` (Eq. 11 in the DCT domain), with the
     filter and field (H, W, C) broadcast over the leading dims of the spectrum.
@@ -195,24 +219,11 @@ class MoPPAUnit(nn.Module):
             raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
         if not isinstance(embed_dims, int) or embed_dims <= 0:
             raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
-        if init_mode not in INIT_MODES:
-            raise ValueError(f'unknown init_mode {init_mode!r}, expected one of '
-                             f'{INIT_MODES}')
-        if heat_param not in HEAT_PARAMS:
-            raise ValueError(f'unknown heat_param {heat_param!r}, expected one '
-                             f'of {HEAT_PARAMS}')
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by '
                              f'num_heads ({num_heads})')
-        if eta <= 0:
-            raise ValueError(f'eta must be > 0 (the DC term has w = 0), got {eta}')
-        if resize_mode not in RESIZE_MODES:
-            raise ValueError(f'unknown resize_mode {resize_mode!r}, expected one '
-                             f'of {RESIZE_MODES}')
-        unknown = [e for e in experts if e not in EXPERTS]
-        if unknown or not experts or len(set(experts)) != len(experts):
-            raise ValueError(f'experts must be distinct names from {EXPERTS}, '
-                             f'got {tuple(experts)}')
+        check_unit_options(eta=eta, resize_mode=resize_mode, experts=experts,
+                           init_mode=init_mode, heat_param=heat_param)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
@@ -485,6 +496,6 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
 
 
 __all__ = [
-    'MoPPAUnit', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
+    'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
     'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
 ]

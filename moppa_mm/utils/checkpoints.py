@@ -276,3 +276,28 @@ def from_plain(obj: Any) -> Any:
     elif isinstance(obj, tuple):  # rebuilt: its items may hold tagged values
         return tuple(from_plain(v) for v in obj)
     return obj
+
+
+# ----------------------------------------- Runner checkpoints, weights_only
+def runner_checkpoint_types() -> List[Any]:
+    """The types an mmengine Runner checkpoint holds besides tensors and plain
+    containers: the message hub's ``HistoryBuffer`` and the numpy arrays,
+    scalars and dtypes in it (logged values, random states)."""
+    from mmengine.logging import HistoryBuffer
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray
+    types = [HistoryBuffer, multiarray._reconstruct, multiarray.scalar,
+             np.ndarray, np.dtype]
+    types += [getattr(np.dtypes, name) for name in dir(np.dtypes)
+              if name.endswith('DType') and isinstance(getattr(np.dtypes, name), type)]
+    return types
+
+
+def allow_runner_checkpoints() -> None:
+    """Allow-list :func:`runner_checkpoint_types` for ``torch.load(weights_only=True)``
+    (torch's ``add_safe_globals``: a registration, nothing is patched), so that
+    checkpoints written by any mmengine Runner, with or without our hooks, load
+    in mmdet's and mmpretrain's own tools under torch >= 2.6."""
+    torch.serialization.add_safe_globals(runner_checkpoint_types())

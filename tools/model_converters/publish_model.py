@@ -8,12 +8,12 @@ state, the message hub and the scheduler states, and writes
 ``<out>-<first 8 hex digits of the sha256>.pth``. The result loads with
 ``torch.load(weights_only=True)``.
 
-An adapter-only checkpoint stays adapter-only (megabytes; it needs the
-pre-trained backbone named by the config's ``init_cfg``). ``--merge-base``
+An adapter-only checkpoint stays adapter-only (megabytes; its adapter record
+names the pre-trained backbone it was trained on, with a fingerprint, and the
+loaders restore it from there or from the config's ``init_cfg``). ``--merge-base``
 builds the model from the config stored in the checkpoint (or ``--config``),
 loads the pre-trained backbone and the checkpoint, and saves the whole model:
-a self-contained file for mmdet's ``init_detector`` / ``DetInferencer``, which
-clear the backbone's ``init_cfg``.
+a self-contained file, for a machine without the pre-trained file.
 """
 import argparse
 import hashlib
@@ -23,6 +23,7 @@ import os.path as osp
 import torch
 
 import moppa_mm  # noqa: F401  registries
+from moppa_mm.models import full_state
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
@@ -31,7 +32,8 @@ DROPPED_META = ('rng_state', )
 
 def merged_state_dict(checkpoint: dict, config: str = None) -> dict:
     """The whole model's state dict: the pre-trained base filled in by the
-    MoPPA backbones' loading check (they read it from ``init_cfg``)."""
+    MoPPA backbones' loading check (from the file the adapter record names,
+    else ``init_cfg``), saved with :func:`moppa_mm.models.full_state`."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
@@ -44,7 +46,8 @@ def merged_state_dict(checkpoint: dict, config: str = None) -> dict:
     init_default_scope(cfg.get('default_scope', 'mmengine'))
     model = MODELS.build(cfg.model)
     _load_checkpoint_to_model(model, checkpoint, strict=True)
-    return model.state_dict()
+    with full_state(model):
+        return model.state_dict()
 
 
 def publish(in_file: str, out_file: str, merge_base: bool = False,

@@ -15,10 +15,3 @@ model = dict(backbone=dict(
     out_type='cls_token',
     final_norm=True,
     init_cfg=_base_.model.backbone.init_cfg))
-custom_hooks = [
-    # freezes nothing; logs the parameter table
-    dict(type='PEFTFreezeHook', trainable=[], frozen=[]),
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
-]

@@ -7,11 +7,3 @@ _base_ = './full_vit-b-p16.py'
 model = dict(backbone=dict(
     drop_path_rate=0.0,  # nothing in the backbone learns
     frozen_stages=12))
-custom_hooks = [
-    dict(type='PEFTFreezeHook', trainable=[], frozen=['backbone.*']),
-    # no AdapterCheckpointHook: a plain ViT cannot refill a checkpoint without
-    # its backbone, so checkpoints keep the frozen weights
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
-]

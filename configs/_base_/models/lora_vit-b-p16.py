@@ -17,12 +17,3 @@ model = dict(backbone=dict(
     drop_rate=0.0,
     targets=[dict(type='qkv')],
     module=_base_.model.backbone))
-custom_hooks = [
-    dict(type='PEFTFreezeHook', trainable=['backbone.*lora_*'], frozen=['backbone.*'],
-         components=[('backbone.lora', ['backbone.*lora_*']),
-                     ('backbone (pre-trained)', ['backbone.*']),
-                     ('head', ['*head.*'])]),
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
-]

@@ -6,10 +6,3 @@
 _base_ = './moppa_vit-b-p16.py'
 
 model = dict(backbone=dict(use_moppa=False))
-custom_hooks = [  # the MoPPA ViT's, without RouteRegularizationHook
-    dict(type='PEFTFreezeHook'),
-    dict(type='AdapterCheckpointHook'),
-    dict(type='RNGStateHook'),
-    dict(type='PlainCheckpointHook'),
-    dict(type='NonFiniteLossHook'),
-]

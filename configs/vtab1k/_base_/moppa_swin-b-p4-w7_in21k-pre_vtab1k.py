@@ -16,7 +16,6 @@ model = dict(
         window_size=7,
         drop_path_rate=0.1,
         moppa_scope='window',
-        moppa_cfg=dict(eta=1e-3, init_mode='identity', heat_param='softplus'),
         use_moppa=True,
         use_scale_shift=True,
         use_conv_adapter=False,

@@ -32,8 +32,9 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
     :class:`SwinAdapterMixin`: ``moppa_scope`` (``'window'``), ``moppa_cfg``,
     ``adapter_ratio`` (7.25, for ``use_conv_adapter=True``), ``use_moppa``
     (True), ``use_conv_adapter`` (False), ``use_scale_shift`` (True),
-    ``freeze_pretrained`` (True). The global scope's reference grid is the
-    stage's grid at ``img_size``.
+    ``freeze_pretrained`` (True), ``route_loss_weight`` (1.0),
+    ``route_schedule`` ('auto'), ``strict_adapter_record`` (True). The global
+    scope's reference grid is the stage's grid at ``img_size``.
 
     With Swin-B, window 7, the trainable backbone parameters are 0.23M (MoPPA
     units 0.06M, scale & shift 0.17M); with a VTAB-1K head (mean of the 19

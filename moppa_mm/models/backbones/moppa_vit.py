@@ -18,10 +18,9 @@ from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.dct import dct2d_of_suffix, idct2d_after_prefix
-from moppa_mm.utils.params import set_trainable
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift
-from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
+from .adapter_mixin import AdapterMixin
 
 
 class ViTMoPPAUnit(MoPPAUnit):
@@ -79,8 +78,10 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
     would run after the forward).
 
     Args:
-        moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
-            (``eta``, ``share_time``, ``experts``, ``resize_mode``, ...).
+        moppa_cfg (dict | MoPPAConfig, optional): The units' options
+            (:class:`~moppa_mm.models.MoPPAConfig`: ``eta``, ``init_mode``,
+            ``heat_param``, ``experts``, ...); unset ones take the shipped
+            recipe's defaults.
         moppa_heads (int, optional): MoPPA heads; defaults to the attention's.
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
             ablation; the scale & shift adapters stay). Defaults to True.
@@ -88,9 +89,19 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         freeze_pretrained (bool): Freeze everything except the adapters when
             built (the head lives outside the backbone and stays trainable).
             Defaults to True.
+        route_loss_weight (float): ``w`` of the route regularisation (paper
+            Eq. 13), added to the model's loss dict as ``loss_route``; 0 turns
+            it off. Defaults to 1.0.
+        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or
+            ``'auto'`` (epochs when the run has more than one). Defaults to
+            ``'auto'``.
+        strict_adapter_record (bool): Stop when a checkpoint's adapter record
+            disagrees with this model (default); False warns instead.
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
+    RECORD_MAY_DIFFER = ('arch.img_grid', 'adapters.grid')
+    FINGERPRINT_SKIPS = ('pos_embed', )  # resized to img_size on load
     ADAPTER_TYPES = (ViTMoPPAUnit, ScaleShift)
     PRETRAINED_LABEL = 'pre-trained ViT'
 
@@ -101,17 +112,21 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                  use_moppa: bool = True,
                  use_scale_shift: bool = True,
                  freeze_pretrained: bool = True,
+                 route_loss_weight: float = 1.0,
+                 route_schedule: str = 'auto',
+                 strict_adapter_record: bool = True,
                  **kwargs) -> None:
-        moppa_cfg = self._check_moppa_cfg(moppa_cfg, kwargs)
+        self.moppa_config = moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
-        self.moppa_cfg = moppa_cfg
+        self.moppa_config = moppa_config
         self.use_moppa = use_moppa
         self.use_scale_shift = use_scale_shift
         grid = tuple(self.patch_embed.init_out_size)  # (H, W) at img_size
         for layer in self.layers:
             if use_moppa:
                 heads = moppa_heads or layer.attn.num_heads
-                layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid, **moppa_cfg)
+                layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid,
+                                           **moppa_config.unit_kwargs())
                 layer.moppa.num_extra_tokens = self.num_extra_tokens
                 layer.attn.register_forward_pre_hook(layer.moppa.attn_hook)
             if use_scale_shift:
@@ -123,11 +138,24 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         if use_moppa:
             self.patch_embed.register_forward_hook(self._record_patch_grid)
             self.register_forward_hook(self._clear_patch_grid)
-        if freeze_pretrained:
-            set_trainable(self, trainable=ADAPTER_PATTERNS)
+        self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
+                           strict_adapter_record)
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
             self._freeze_stages()
-        self._register_state_dict_check()
+
+    def arch_record(self) -> dict:
+        return dict(embed_dims=self.embed_dims, num_layers=self.num_layers,
+                    num_heads=self.layers[0].attn.num_heads,
+                    feedforward_channels=self.layers[0].ffn.feedforward_channels,
+                    patch_size=list(self.patch_embed.projection.kernel_size),
+                    img_grid=list(self.patch_embed.init_out_size),
+                    num_extra_tokens=self.num_extra_tokens)
+
+    def adapter_options(self) -> dict:
+        units = [layer.moppa for layer in self.layers if hasattr(layer, 'moppa')]
+        return dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
+                    moppa_heads=[unit.num_heads for unit in units],
+                    grid=list(units[0].grid_size) if units else None)
 
     def _record_patch_grid(self, patch_embed, args, output):
         _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))

@@ -13,10 +13,9 @@ from typing import Optional
 import torch.nn as nn
 
 from moppa_mm.operators import MoPPAUnit
-from moppa_mm.utils.params import set_trainable
 from ..layers import ConvAdapter, ScaleShift
 from ..layers.scale_shift import attach_scale_shift
-from .adapter_mixin import ADAPTER_PATTERNS, AdapterMixin
+from .adapter_mixin import AdapterMixin
 
 SCOPES = ('window', 'global')
 
@@ -100,9 +99,10 @@ class SwinAdapterMixin(AdapterMixin):
             is needed. ``'global'``: on the block's whole feature map, with
             frequency parameters on a reference grid (the stage's grid at the
             pre-training image size) resized to the runtime grid.
-        moppa_cfg (dict, optional): Extra arguments of :class:`MoPPAUnit`
-            (``eta``, ``share_time``, ``experts``, ``resize_mode``, ...). The
-            unit uses the stage's attention heads as its heads.
+        moppa_cfg (dict | MoPPAConfig, optional): The units' options
+            (:class:`~moppa_mm.models.MoPPAConfig`: ``eta``, ``init_mode``,
+            ``heat_param``, ``experts``, ...); unset ones take the shipped
+            recipe's defaults. The unit uses the stage's attention heads.
         adapter_ratio (float): Bottleneck of the conv adapter,
             ``hidden = round(C / adapter_ratio)``.
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
@@ -113,6 +113,13 @@ class SwinAdapterMixin(AdapterMixin):
             FFN layers, as the paper does for classification.
         freeze_pretrained (bool): Freeze every parameter except the adapters
             when built, so that DDP sees the final trainable set.
+        route_loss_weight (float): ``w`` of the route regularisation (paper
+            Eq. 13), added to the model's loss dict as ``loss_route``; 0 turns
+            it off.
+        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or
+            ``'auto'`` (epochs when the run has more than one).
+        strict_adapter_record (bool): Stop when a checkpoint's adapter record
+            disagrees with this model; False warns instead.
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
@@ -128,16 +135,19 @@ class SwinAdapterMixin(AdapterMixin):
                  use_conv_adapter: bool,
                  use_scale_shift: bool,
                  freeze_pretrained: bool,
+                 route_loss_weight: float = 1.0,
+                 route_schedule: str = 'auto',
+                 strict_adapter_record: bool = True,
                  **kwargs) -> None:
         if moppa_scope not in SCOPES:
             raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
                              f'of {SCOPES}')
         if adapter_ratio <= 0:
             raise ValueError(f'adapter_ratio must be > 0, got {adapter_ratio}')
-        moppa_cfg = self._check_moppa_cfg(moppa_cfg, kwargs)
+        moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
         self.moppa_scope = moppa_scope
-        self.moppa_cfg = moppa_cfg
+        self.moppa_config = moppa_config
         self.adapter_ratio = adapter_ratio
         self.use_moppa = use_moppa
         self.use_conv_adapter = use_conv_adapter
@@ -155,20 +165,38 @@ class SwinAdapterMixin(AdapterMixin):
             self.patch_embed.ssf_proj = ScaleShift(projection.out_channels,
                                                    channel_dim=1)
             projection.register_forward_hook(self.patch_embed.ssf_proj.output_hook)
-        if freeze_pretrained:
-            set_trainable(self, trainable=ADAPTER_PATTERNS)
-        self._register_state_dict_check()
+        self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
+                           strict_adapter_record)
+
+    def arch_record(self) -> dict:
+        blocks = [stage.blocks[0].attn.w_msa for stage in self.stages]
+        return dict(embed_dims=self.patch_embed.projection.out_channels,
+                    depths=[len(stage.blocks) for stage in self.stages],
+                    num_heads=[w_msa.num_heads for w_msa in blocks],
+                    window_size=list(blocks[0].window_size),
+                    patch_size=list(self.patch_embed.projection.kernel_size))
+
+    def adapter_options(self) -> dict:
+        blocks = [block for stage in self.stages for block in stage.blocks]
+        units = [block.moppa for block in blocks if hasattr(block, 'moppa')]
+        convs = [block.conv_adapter for block in blocks if hasattr(block, 'conv_adapter')]
+        return dict(use_moppa=self.use_moppa, use_conv_adapter=self.use_conv_adapter,
+                    use_scale_shift=self.use_scale_shift, moppa_scope=self.moppa_scope,
+                    moppa_heads=[unit.num_heads for unit in units],
+                    grids=[list(unit.grid_size) for unit in units],
+                    conv_adapter_dims=[conv.hidden_dims for conv in convs])
 
     def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
         w_msa = block.attn.w_msa
         embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
         if self.use_moppa and self.moppa_scope == 'window':
             grid = tuple(w_msa.window_size)  # (Wh, Ww)
-            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid, **self.moppa_cfg)
+            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid,
+                                        **self.moppa_config.unit_kwargs())
             w_msa.register_forward_pre_hook(block.moppa.window_hook)
         elif self.use_moppa:
             block.moppa = SwinMoPPAUnit(embed_dims, num_heads, global_grid,
-                                        **self.moppa_cfg)
+                                        **self.moppa_config.unit_kwargs())
             block.attn.register_forward_pre_hook(block.moppa.global_hook)
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)

@@ -1,0 +1,12 @@
+# Opt-in guarantees beyond the method, as one fragment: add it to a config's
+# _base_ list (the MoPPA backbones need no hook; these make a long run safer).
+#   RNGStateHook: an interrupted run resumes bit-identical (random states of
+#       every process in the checkpoints)
+#   PlainCheckpointHook: checkpoints hold only tensors and plain containers, so
+#       any torch.load(weights_only=True) reads them, moppa_mm imported or not
+#   NonFiniteLossHook: stops at the first NaN/inf loss, before it is saved
+custom_hooks = [
+    dict(type='RNGStateHook'),
+    dict(type='PlainCheckpointHook'),
+    dict(type='NonFiniteLossHook'),
+]

@@ -1,0 +1,103 @@
+"""The route regularisation as part of the model (paper Eqs. 12-13).
+
+``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, with ``L_reg = sum_i
+a_i log a_i`` averaged over the backbone's MoPPA units, reaches the loss dict
+of whatever model holds a MoPPA backbone (an mmdet detector, an mmpretrain
+classifier): when the backbone is assigned to its parent (``detector.backbone
+= ...``), the parent gets a forward hook that adds ``loss_route`` to the loss dict of
+every training forward (``mode='loss'``; :mod:`.parent_hooks`).
+mmengine sums every ``loss*`` key, and logs it. No runner hook is involved.
+
+``T`` and ``T_total`` come from the message hub, where mmengine's default
+``RuntimeInfoHook`` keeps ``epoch``, ``max_epochs``, ``iter`` and
+``max_iters``: the epoch for epoch-based loops (``max_epochs > 1``), else the
+iteration. Outside a runner (plain PyTorch), :meth:`RouteLossMixin.route_loss`
+gives the term to add to your own loss, weighted by the progress you set with
+:meth:`RouteLossMixin.set_route_progress` (``w`` until you set one).
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.logging import MessageHub
+
+from moppa_mm.operators import moppa_units, route_loss_weight, route_regularization
+
+SCHEDULES = ('auto', 'epoch', 'iter')
+
+
+def _hub_progress(by: str) -> Optional[Tuple[int, int]]:
+    """``(T, T_total)`` from the current message hub, or None outside a run."""
+    if not MessageHub._instance_dict:  # no runner made one: plain PyTorch
+        return None
+    hub = MessageHub.get_current_instance()
+    max_epochs, max_iters = hub.get_info('max_epochs'), hub.get_info('max_iters')
+    if max_epochs is None and max_iters is None:
+        return None
+    if by == 'epoch' or (by == 'auto' and (max_epochs or 0) > 1):
+        return hub.get_info('epoch', 0), max_epochs
+    return hub.get_info('iter', 0), max_iters
+
+
+class RouteLossMixin:
+    """The route-regularisation contract of a MoPPA backbone.
+
+    Args of the backbones:
+        route_loss_weight (float): ``w`` of Eq. 13. 0 switches the
+            regularisation off (paper Fig. 5's ablation). Defaults to 1.0.
+        route_schedule (str): What ``T`` counts: ``'epoch'``, ``'iter'`` or
+            ``'auto'`` (default: epochs when the run has more than one, else
+            iterations).
+    """
+
+    def _init_route_loss(self, route_loss_weight: float, route_schedule: str) -> None:
+        if isinstance(route_loss_weight, bool) or not isinstance(
+                route_loss_weight, (int, float)) or not route_loss_weight >= 0:
+            raise ValueError(f'route_loss_weight must be a number >= 0, got '
+                             f'{route_loss_weight!r}')
+        if route_schedule not in SCHEDULES:
+            raise ValueError(f'unknown route_schedule {route_schedule!r}, expected '
+                             f'one of {SCHEDULES}')
+        self.route_loss_weight = float(route_loss_weight)
+        self.route_schedule = route_schedule
+        self._route_progress: Optional[Tuple[float, float]] = None
+        self._route_warned = False
+
+    def set_route_progress(self, progress: float, total: float) -> None:
+        """For training outside an mmengine runner: ``T`` and ``T_total`` of
+        Eq. 13 (e.g. the epoch and the number of epochs)."""
+        if total <= 0:
+            raise ValueError(f'total must be > 0, got {total}')
+        self._route_progress = (progress, total)
+
+    def current_route_weight(self) -> float:
+        """``w * max(1 - 2T / T_total, 0)`` at the run's current progress."""
+        progress = self._route_progress or _hub_progress(self.route_schedule)
+        if progress is None or not progress[1]:
+            return self.route_loss_weight
+        return route_loss_weight(self.route_loss_weight, *progress)
+
+    def route_loss(self) -> Optional[torch.Tensor]:
+        """The weighted route regularisation, or None without MoPPA units.
+        Inside a model that returns a loss dict this is added for you as
+        ``loss_route``; in plain PyTorch add it to your loss."""
+        if not moppa_units(self):
+            return None
+        return self.current_route_weight() * route_regularization(self)
+
+    def _add_route_loss(self, name: str, parent: nn.Module, args, kwargs, output):
+        """Forward hook of the parent model (``parent.<name>`` is this
+        backbone): ``loss_route`` into its loss dict."""
+        if parent._modules.get(name) is not self:  # replaced since
+            return output
+        mode = kwargs.get('mode', args[2] if len(args) > 2 else None)
+        if mode != 'loss' or not parent.training or not isinstance(output, dict):
+            return output
+        loss = self.route_loss()
+        if loss is None:
+            return output
+        output['loss_route'] = loss
+        if MessageHub._instance_dict:
+            MessageHub.get_current_instance().update_scalar(
+                'train/route_weight', self.current_route_weight())
+        return output

@@ -1,0 +1,86 @@
+"""The options of a MoPPA backbone's units: validated once, with the shipped
+recipe as defaults, and written into every checkpoint as part of the adapter
+record (:mod:`moppa_mm.models.backbones.adapter_state`)."""
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from moppa_mm.operators.moppa_unit import EXPERTS, check_unit_options
+
+# the backbone derives these from its own architecture
+RESERVED = ('embed_dims', 'num_heads', 'grid_size')
+
+
+@dataclasses.dataclass(frozen=True)
+class MoPPAConfig:
+    """The options of every :class:`~moppa_mm.operators.MoPPAUnit` of a backbone.
+
+    The defaults are the recipe the shipped configs train with, so a config
+    that only changes its backbone's ``type`` trains the same method:
+    ``init_mode='identity'`` (a zero-initialised gate makes every unit the
+    identity at step 0, so the frozen backbone's output is unchanged) and
+    ``heat_param='softplus'`` (k, t >= 0: heat only damps). ``MoPPAUnit``'s own
+    defaults are the paper's Eq. 11 as written (``'paper'``, ``'raw'``). Each
+    field is the unit argument of the same name.
+
+    Args:
+        eta (float): Stabiliser of the Poisson division ``1 / (w^2 + eta)``.
+        share_time (bool): Heat and wave share one learnable ``t``.
+        coef_init (float): k and c start uniform in ``[0, coef_init)``.
+        time_init (float): Initial ``t``.
+        source_init_std (float): Std of the Poisson source factors at init.
+        resize_mode (str): Interpolation of frequency maps to another grid.
+        experts (tuple[str]): Priors in use (ablations: paper Table 4).
+        init_mode (str): ``'identity'`` (shipped) or ``'paper'``.
+        heat_param (str): ``'softplus'`` (shipped) or ``'raw'`` (paper).
+    """
+
+    eta: float = 1e-3
+    share_time: bool = False
+    coef_init: float = 1e-2
+    time_init: float = 1.0
+    source_init_std: float = 1e-2
+    resize_mode: str = 'bicubic'
+    experts: Tuple[str, ...] = EXPERTS
+    init_mode: str = 'identity'
+    heat_param: str = 'softplus'
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, 'experts', tuple(self.experts))
+        check_unit_options(eta=self.eta, resize_mode=self.resize_mode,
+                           experts=self.experts, init_mode=self.init_mode,
+                           heat_param=self.heat_param)
+        for name in ('coef_init', 'time_init', 'source_init_std'):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f'moppa_cfg.{name} must be a number, got {value!r}')
+        if not isinstance(self.share_time, bool):
+            raise ValueError(f'moppa_cfg.share_time must be True or False, got '
+                             f'{self.share_time!r}')
+
+    @classmethod
+    def build(cls, options: Optional[Mapping[str, Any]] = None) -> 'MoPPAConfig':
+        """From a config's ``moppa_cfg`` dict (or a ``MoPPAConfig``): unknown
+        keys and keys the backbone derives are errors that name them."""
+        if isinstance(options, cls):
+            return options
+        options = dict(options or {})
+        for reserved in RESERVED:
+            if reserved in options:
+                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
+                                 'backbone derives it')
+        known = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f'moppa_cfg has unknown option(s) {unknown}; the '
+                             f'options are {known}')
+        return cls(**options)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain values (``experts`` as a list): what a checkpoint records."""
+        options = dataclasses.asdict(self)
+        options['experts'] = list(self.experts)
+        return options
+
+    def unit_kwargs(self) -> Dict[str, Any]:
+        """The keyword arguments of ``MoPPAUnit`` besides dims, heads and grid."""
+        return dataclasses.asdict(self)
