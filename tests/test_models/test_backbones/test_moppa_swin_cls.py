@@ -11,6 +11,7 @@ from moppa_mm.demo import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError, is_adapter_key
 from moppa_mm.models.converters import convert, save_backbone, swin_to_mmpretrain
+from moppa_mm.models import full_state
 
 ARCH = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4))
 TINY = dict(arch=ARCH, img_size=56, window_size=7, out_indices=(1, ))
@@ -87,7 +88,8 @@ def test_official_release_loads_through_the_swin_converter(tmp_path):
     model = MoPPASwinTransformerCls(**TINY, init_cfg=dict(
         type='Pretrained', checkpoint=path, prefix='backbone.'))
     model.init_weights()  # the state-dict check: every base parameter restored
-    own = model.state_dict()
+    with full_state(model):  # the base came from a file: saved adapter-only
+        own = model.state_dict()
     for key, value in plain.state_dict().items():
         torch.testing.assert_close(own[key], value, msg=key)
     # the patch-merging order too: with the adapters off, the plain Swin's output
@@ -133,7 +135,8 @@ def test_swin_b_vtab_budget():
     print('\n' + model.parameter_report())
     depths, heads, dims = [2, 2, 18, 2], [4, 8, 16, 32], [128, 256, 512, 1024]
     assert counts['moppa']['trainable'] == sum(
-        d * (3 * (49 * n + c // n) + 3) for d, n, c in zip(depths, heads, dims))
+        d * (3 * (49 * n + c // n) + 3 + c // n)  # + the identity init's gate
+        for d, n, c in zip(depths, heads, dims))
     # value + output projection + fc1 (4C) + fc2, scale and shift; patch embedding
     assert counts['scale_shift']['trainable'] == 2 * (
         sum(d * 7 * c for d, c in zip(depths, dims)) + 128)
