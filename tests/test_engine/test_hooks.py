@@ -8,7 +8,7 @@ from cpu_distributed import setup_distributed  # tools/
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from moppa_mm.engine.hooks.peft_freeze_hook import NORM_TYPES
+from moppa_mm.models.backbones.adapter_mixin import NORM_TYPES
 from tests.conftest import tiny_detection_cfg
 
 
@@ -79,41 +79,51 @@ def test_runner_trains_with_route_loss_and_coco_metric(shapes_data, tmp_path):
     assert probe.frozen_norm_training == [False, False]
 
 
-def test_route_loss_reaches_classifiers_too():
-    """Any model whose forward(mode='loss') returns a loss dict."""
+def test_route_loss_reaches_any_model_that_holds_a_moppa_backbone():
+    """Any model whose forward(mode='loss') returns a loss dict gets
+    loss_route from its MoPPA backbone: no hook, no subclass."""
     from mmengine.model import BaseModel
 
-    from moppa_mm.engine import RouteRegularizationHook
-    from moppa_mm.operators import MoPPAUnit
+    from moppa_mm.models import MoPPAVisionTransformer
 
     class TinyClassifier(BaseModel):
 
         def __init__(self):
             super().__init__()
-            self.unit = MoPPAUnit(4, 2, 3)
+            self.backbone = MoPPAVisionTransformer(
+                arch=dict(embed_dims=8, num_layers=1, num_heads=2,
+                          feedforward_channels=8),
+                img_size=8, patch_size=4, route_loss_weight=0.5)
 
         def forward(self, inputs, data_samples=None, mode='tensor'):
-            out = self.unit(inputs)
+            out = self.backbone(inputs)[0]
             return dict(loss_cls=out.square().mean()) if mode == 'loss' else out
 
     model = TinyClassifier()
-    hook = RouteRegularizationHook(loss_weight=0.5)
-    hook.current_weight = 0.5
-    handle = model.register_forward_hook(hook._add_loss, with_kwargs=True)
-    losses = model(torch.randn(2, 3, 3, 4), mode='loss')
+    losses = model(torch.randn(2, 3, 8, 8), mode='loss')
     assert set(losses) == {'loss_cls', 'loss_route'}
+    # uniform router: L_reg = log(1/3); no run in progress: the weight is w
     assert math.isclose(losses['loss_route'].item(), 0.5 * math.log(1 / 3),
                         rel_tol=1e-5)
-    out = model(torch.randn(1, 3, 3, 4))  # mode='tensor': output untouched
-    assert isinstance(out, torch.Tensor) and out.shape == (1, 3, 3, 4)
+    losses['loss_route'].backward()
+    assert model.backbone.layers[0].moppa.route_logits.grad is not None
+    out = model(torch.randn(1, 3, 8, 8))  # mode='tensor': output untouched
+    assert isinstance(out, torch.Tensor)
+    model.backbone.set_route_progress(1, 4)  # plain PyTorch: T, T_total
+    losses = model(torch.randn(2, 3, 8, 8), mode='loss')
+    assert math.isclose(losses['loss_route'].item(), 0.25 * math.log(1 / 3),
+                        rel_tol=1e-5)
     model.eval()
-    assert set(model(torch.randn(2, 3, 3, 4), mode='loss')) == {'loss_cls'}
-    handle.remove()
+    assert set(model(torch.randn(2, 3, 8, 8), mode='loss')) == {'loss_cls'}
+    model.train()
+    model.backbone.route_loss_weight = 0.0  # off, and logged as 0
+    assert model(torch.randn(2, 3, 8, 8), mode='loss')['loss_route'].item() == 0.0
 
 
 def test_freeze_hook_applies_patterns_without_ddp(shapes_data, tmp_path):
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=1)
     cfg.model.backbone.freeze_pretrained = False  # built fully trainable
+    cfg.custom_hooks.append(dict(type='PEFTFreezeHook'))  # opt-in audit
     runner = Runner.from_cfg(cfg)
     assert all(p.requires_grad for p in runner.model.backbone.parameters())
     runner.train()
@@ -137,6 +147,7 @@ def test_freeze_hook_refuses_to_change_a_ddp_model(shapes_data, tmp_path,
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     cfg = tiny_detection_cfg(shapes_data, tmp_path, max_iters=1)
     cfg.model.backbone.freeze_pretrained = False
+    cfg.custom_hooks.append(dict(type='PEFTFreezeHook'))  # opt-in audit
     cfg.launcher = 'pytorch'
     try:
         assert setup_distributed(cfg, 'pytorch')

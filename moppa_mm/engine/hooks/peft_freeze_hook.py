@@ -1,17 +1,14 @@
 """Audits, and where safe applies, which parameters a PEFT run trains."""
 from typing import Optional, Sequence, Tuple
 
-import torch.nn as nn
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from moppa_mm.models.backbones.adapter_mixin import adapter_components, adapter_patterns
+from moppa_mm.models.backbones.adapter_mixin import (NORM_TYPES, adapter_components,
+                                                     adapter_patterns)
 from moppa_mm.utils.params import matches, parameter_table
 
-NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
-              nn.InstanceNorm2d)
 DEFAULT_COMPONENTS = adapter_components('backbone.') + (
     ('backbone (pre-trained)', ('backbone.*', )),
     ('neck', ('neck.*', )),
@@ -21,7 +18,12 @@ DEFAULT_COMPONENTS = adapter_components('backbone.') + (
 
 @HOOKS.register_module()
 class PEFTFreezeHook(Hook):
-    """Freezes the pre-trained parameters and keeps the adapters trainable.
+    """Optional: audits (and where safe applies) which parameters train.
+
+    The MoPPA backbones need no hook: they freeze their base when built, log
+    their parameter table at ``init_weights`` and keep frozen norms in eval
+    mode. This hook is for auditing a whole model (neck and heads included) or
+    freezing by patterns in a model that does not freeze itself.
 
     A parameter may train unless it matches ``frozen`` and none of
     ``trainable``. The hook only freezes: a parameter the model froze itself

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from mmengine.config import ConfigDict
 from mmengine.logging import print_log
+import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
@@ -27,6 +28,9 @@ from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
                             AdapterRecordMismatchError, AdapterStateMixin,
                             PretrainedMismatchError, full_state, is_adapter_key)
 from .route_loss import RouteLossMixin
+
+NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
+              nn.InstanceNorm2d)
 
 
 def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
@@ -101,16 +105,17 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             module.enabled = enabled
 
     def train(self, mode: bool = True):
-        """As the base class, and batch norms whose parameters are all frozen
-        stay in eval mode (their statistics are part of the frozen base)."""
-        result = super().train(mode)
+        """As the base class, and normalisation layers whose parameters are all
+        frozen stay in eval mode (batch norms' statistics are part of the
+        frozen base). Returns the module (mmpretrain's ``train`` returns None)."""
+        super().train(mode)
         if mode:
             for module in self.modules():
                 params = list(module.parameters())
-                if isinstance(module, _BatchNorm) and params and \
+                if isinstance(module, NORM_TYPES) and params and \
                         not any(p.requires_grad for p in params):
                     module.eval()
-        return self if result is None else result
+        return self
 
     def init_weights(self) -> None:
         """The base classes re-initialise every Linear when no checkpoint is

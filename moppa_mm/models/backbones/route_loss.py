@@ -10,10 +10,12 @@ mmengine sums every ``loss*`` key, and logs it. No runner hook is involved.
 
 ``T`` and ``T_total`` come from the message hub, where mmengine's default
 ``RuntimeInfoHook`` keeps ``epoch``, ``max_epochs``, ``iter`` and
-``max_iters``: the epoch for epoch-based loops (``max_epochs > 1``), else the
-iteration. Outside a runner (plain PyTorch), :meth:`RouteLossMixin.route_loss`
-gives the term to add to your own loss, weighted by the progress you set with
-:meth:`RouteLossMixin.set_route_progress` (``w`` until you set one).
+``max_iters`` while a runner trains (``loop_stage == 'train'``): the epoch
+for epoch-based loops (``max_epochs > 1``), else the iteration. In plain
+PyTorch, a model that returns a loss dict from ``forward(..., mode='loss')``
+gets it the same way; any other adds :meth:`RouteLossMixin.route_loss` to its
+loss, weighted by the progress set with
+:meth:`RouteLossMixin.set_route_progress` (``w`` until one is set).
 """
 from typing import Optional, Tuple
 
@@ -31,9 +33,9 @@ def _hub_progress(by: str) -> Optional[Tuple[int, int]]:
     if not MessageHub._instance_dict:  # no runner made one: plain PyTorch
         return None
     hub = MessageHub.get_current_instance()
-    max_epochs, max_iters = hub.get_info('max_epochs'), hub.get_info('max_iters')
-    if max_epochs is None and max_iters is None:
+    if hub.get_info('loop_stage') != 'train':  # set while a runner trains
         return None
+    max_epochs, max_iters = hub.get_info('max_epochs'), hub.get_info('max_iters')
     if by == 'epoch' or (by == 'auto' and (max_epochs or 0) > 1):
         return hub.get_info('epoch', 0), max_epochs
     return hub.get_info('iter', 0), max_iters
