@@ -19,6 +19,7 @@ variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``; it applies to mmengine's
 loader and to ours alike.
 """
 import contextlib
+import copyreg
 import os
 import os.path as osp
 import pickle
@@ -295,9 +296,20 @@ def runner_checkpoint_types() -> List[Any]:
     return types
 
 
+def _reduce_history_buffer(buffer) -> tuple:
+    """``HistoryBuffer`` as its constructor call: its own ``__getstate__``
+    adds the class's statistics functions, which pickle as ``getattr`` calls
+    that no safe loader may allow; they are registered at import anyway."""
+    return type(buffer), (buffer._log_history, buffer._count_history, buffer.max_length)
+
+
 def allow_runner_checkpoints() -> None:
-    """Allow-list :func:`runner_checkpoint_types` for ``torch.load(weights_only=True)``
-    (torch's ``add_safe_globals``: a registration, nothing is patched), so that
-    checkpoints written by any mmengine Runner, with or without our hooks, load
-    in mmdet's and mmpretrain's own tools under torch >= 2.6."""
+    """Checkpoints written by any mmengine Runner (with or without our hooks)
+    load with ``torch.load(weights_only=True)``, as mmdet's and mmpretrain's own
+    tools load them under torch >= 2.6: :func:`runner_checkpoint_types` are
+    allow-listed (torch's ``add_safe_globals``), and ``HistoryBuffer`` pickles
+    as its constructor call (a ``copyreg`` registration, read back the same by
+    any loader)."""
+    from mmengine.logging import HistoryBuffer
+    copyreg.pickle(HistoryBuffer, _reduce_history_buffer)
     torch.serialization.add_safe_globals(runner_checkpoint_types())
