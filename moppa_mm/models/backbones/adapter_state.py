@@ -252,11 +252,13 @@ class AdapterStateMixin:
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
         check_finite(incoming, f'{name}: the state dict{where or " being loaded"}')
-        own = self._own_full_state()
-        self._check_shapes(incoming, own, where)
         params = [k for k, _ in self.named_parameters()]
         adapters = [k for k in params if is_adapter_key(k)]
         given_adapters = [k for k in incoming if is_adapter_key(k)]
+        if given_adapters and self._valid_record(record):
+            self._compare_record(record, where)  # before shapes: it names the cause
+        own = self._own_full_state()
+        self._check_shapes(incoming, own, where)
         if not given_adapters:
             self._accept_base(incoming, params, where)
             for key in adapters:  # init_weights resets them: no missing-key noise
@@ -321,9 +323,7 @@ class AdapterStateMixin:
     def _accept_adapters(self, incoming, record, adapters, given_adapters,
                          where: str) -> None:
         name = type(self).__name__
-        if isinstance(record, dict) and record.get('format') == RECORD_FORMAT:
-            self._compare_record(record, where)
-        else:
+        if not self._valid_record(record):
             print_log(f'{name}: the adapter checkpoint{where} has no adapter record '
                       '(saved before moppa_mm recorded one): its options cannot be '
                       'checked against the model\'s', logger='current', level=30)
@@ -358,6 +358,10 @@ class AdapterStateMixin:
                 f'{self._base.get("fingerprint")}): adapters on another base give '
                 'wrong outputs. Point model.backbone.init_cfg.checkpoint at the base '
                 'they were trained on.')
+
+    @staticmethod
+    def _valid_record(record: Any) -> bool:
+        return isinstance(record, dict) and record.get('format') == RECORD_FORMAT
 
     def _compare_record(self, record: Dict[str, Any], where: str) -> None:
         mismatches = self._record_mismatches(record)

@@ -1,0 +1,231 @@
+"""A checkpoint says how its adapter was built, and loading stops on any
+disagreement, naming the key, both values and the fix: on a real mmpretrain
+classifier and a real mmdet detector, built from configs as the tools build
+them. The base an adapter-only checkpoint lacks comes from the file its record
+names, verified by a fingerprint."""
+import copy
+import os
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from mmengine.runner.checkpoint import load_checkpoint
+
+from moppa_mm.models import MoPPAConfig, full_state
+from moppa_mm.models.backbones.adapter_mixin import (AdapterRecordMismatchError,
+                                                     PretrainedMismatchError)
+from tests.conftest import DEMO_CONFIG
+
+ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
+
+
+def classifier_cfg(pretrained=None, **backbone):
+    cfg = dict(
+        type='ImageClassifier',
+        backbone=dict(type='MoPPAVisionTransformer', arch=ARCH, img_size=32,
+                      patch_size=8, out_type='cls_token', **backbone),
+        head=dict(type='VisionTransformerClsHead', num_classes=5, in_channels=32,
+                  loss=dict(type='CrossEntropyLoss')))
+    if pretrained:
+        cfg['backbone']['init_cfg'] = dict(type='Pretrained', checkpoint=pretrained,
+                                           prefix='backbone.')
+    return cfg
+
+
+def build(cfg, scope='mmpretrain'):
+    from mmengine.registry import MODELS
+    init_default_scope(scope)
+    return MODELS.build(copy.deepcopy(cfg))
+
+
+@pytest.fixture(scope='module')
+def trained_classifier(tmp_path_factory):
+    """A pre-trained base file, and the adapter-only checkpoint of a
+    classifier 'trained' on it (its adapters and head moved off their init)."""
+    root = tmp_path_factory.mktemp('record')
+    torch.manual_seed(0)
+    base = build(classifier_cfg())
+    pretrained = str(root / 'vit_base.pth')
+    with full_state(base):
+        state = {k: v for k, v in base.state_dict().items()
+                 if k.startswith('backbone.') and '.moppa.' not in k
+                 and 'ssf_' not in k and not k.endswith('_extra_state')}
+    torch.save({'state_dict': state}, pretrained)
+    model = build(classifier_cfg(pretrained))
+    model.init_weights()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                param.add_(0.01 * torch.randn_like(param))
+    checkpoint = str(root / 'adapter.pth')
+    torch.save({'state_dict': model.state_dict()}, checkpoint)
+    return dict(pretrained=pretrained, checkpoint=checkpoint, model=model, root=root)
+
+
+def test_adapter_checkpoint_is_small_and_says_what_it_is(trained_classifier):
+    state = torch.load(trained_classifier['checkpoint'], weights_only=True)['state_dict']
+    record = state['backbone._extra_state']
+    assert record['backbone'] == 'MoPPAVisionTransformer'
+    assert record['moppa_cfg'] == MoPPAConfig().to_dict()  # the shipped recipe
+    assert record['adapters']['use_moppa'] and record['adapters']['use_scale_shift']
+    assert record['arch']['embed_dims'] == 32 and record['arch']['num_layers'] == 2
+    assert record['base']['checkpoint'] == trained_classifier['pretrained']
+    assert len(record['base']['fingerprint']) == 32
+    assert record['heads'] == {'head.layers.head.weight': [5, 32],
+                               'head.layers.head.bias': [5]}
+    frozen = [k for k in state if k.startswith('backbone.') and '.moppa.' not in k
+              and 'ssf_' not in k and not k.endswith('_extra_state')]
+    assert frozen == []
+
+
+def test_the_base_comes_back_from_the_record(trained_classifier):
+    """Built as init_detector / get_model build (no init_cfg), the adapter-only
+    checkpoint restores the recorded base: the same outputs as the trained model."""
+    model = build(classifier_cfg())
+    load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+    trained = trained_classifier['model']
+    image = torch.randn(2, 3, 32, 32)
+    model.eval(), trained.eval()
+    torch.testing.assert_close(model(image, mode='tensor'), trained(image, mode='tensor'))
+
+
+@pytest.mark.parametrize('option, value, key', [
+    ('heat_param', 'raw', 'moppa_cfg.heat_param'),
+    ('init_mode', 'paper', 'moppa_cfg.init_mode'),
+    ('eta', 1e-2, 'moppa_cfg.eta'),
+    ('experts', ('heat', 'wave'), 'moppa_cfg.experts'),
+])
+def test_unit_option_mismatch_stops(trained_classifier, option, value, key):
+    model = build(classifier_cfg(moppa_cfg={option: value}))
+    with pytest.raises(AdapterRecordMismatchError, match=rf'(?s){key}:.* in the checkpoint.*'
+                       r'in the model.*moppa_cfg.<option>.*strict_adapter_record'):
+        load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+
+
+@pytest.mark.parametrize('switch, key', [('use_scale_shift', 'adapters.use_scale_shift'),
+                                         ('use_moppa', 'adapters.use_moppa')])
+def test_adapter_switch_mismatch_stops(trained_classifier, switch, key):
+    model = build(classifier_cfg(**{switch: False}))
+    with pytest.raises(AdapterRecordMismatchError, match=rf"{key}: True in the checkpoint, "
+                       'False in the model'):
+        load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+
+
+def test_a_head_of_another_size_stops(trained_classifier):
+    cfg = classifier_cfg()
+    cfg['head']['num_classes'] = 7
+    with pytest.raises(PretrainedMismatchError,
+                       match=r'(?s)head.layers.head.weight: \(5, 32\) in the checkpoint, '
+                       r'\(7, 32\) in the model.*another task'):
+        load_checkpoint(build(cfg), trained_classifier['checkpoint'], map_location='cpu')
+
+
+def test_the_override_loads_with_a_warning(trained_classifier):
+    model = build(classifier_cfg(moppa_cfg=dict(eta=1e-2), strict_adapter_record=False))
+    load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+
+
+def test_another_base_stops(trained_classifier, tmp_path):
+    """The record's fingerprint: adapters on a base they were not trained on."""
+    other = str(tmp_path / 'other_base.pth')
+    state = torch.load(trained_classifier['pretrained'], weights_only=True)
+    state['state_dict']['backbone.layers.0.ln1.weight'] += 1
+    torch.save(state, other)
+    model = build(classifier_cfg(other))
+    model.init_weights()
+    with pytest.raises(AdapterRecordMismatchError,
+                       match=r'(?s)trained on the pre-trained base .*vit_base.pth.*'
+                       r"model's base is .*other_base.pth"):
+        load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+
+
+def test_a_missing_recorded_base_is_named(trained_classifier, tmp_path):
+    moved = dict(trained_classifier)
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    checkpoint['state_dict']['backbone._extra_state']['base']['checkpoint'] = str(
+        tmp_path / 'gone.pth')
+    path = str(tmp_path / 'adapter.pth')
+    torch.save(checkpoint, path)
+    moved['checkpoint'] = path
+    with pytest.raises(PretrainedMismatchError,
+                       match=r"(?s)recorded base '.*gone.pth' does not exist.*--merge-base"):
+        load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
+    # the file under another name, given in init_cfg: verified by the fingerprint
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    load_checkpoint(model, path, map_location='cpu')
+    # another file there: refused
+    other = str(tmp_path / 'other.pth')
+    state = torch.load(trained_classifier['pretrained'], weights_only=True)
+    state['state_dict']['backbone.ln1.weight'] += 1
+    torch.save(state, other)
+    with pytest.raises(AdapterRecordMismatchError, match='fingerprint'):
+        load_checkpoint(build(classifier_cfg(other)), path, map_location='cpu')
+
+
+def test_the_recorded_options_survive_a_round_trip_with_strict_loading(trained_classifier):
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    model.init_weights()
+    state = torch.load(trained_classifier['checkpoint'], weights_only=True)['state_dict']
+    assert model.load_state_dict(state, strict=True)  # the record is no missing key
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['heat'\]"):
+        build(classifier_cfg(moppa_cfg=dict(heat='raw')))
+    with pytest.raises(ValueError, match="unknown heat_param 'softplu'"):
+        build(classifier_cfg(moppa_cfg=dict(heat_param='softplu')))
+    with pytest.raises(ValueError, match='route_loss_weight must be a number >= 0'):
+        build(classifier_cfg(route_loss_weight=-1))
+    with pytest.raises(ValueError, match="unknown route_schedule 'epochs'"):
+        build(classifier_cfg(route_schedule='epochs'))
+
+
+@pytest.fixture(scope='module')
+def detector(shapes_data, tmp_path_factory):
+    cfg = Config.fromfile(DEMO_CONFIG)
+    cfg.model.backbone.init_cfg.checkpoint = shapes_data['pretrained']
+    model = build(cfg.model, scope='mmdet')
+    model.init_weights()
+    checkpoint = str(tmp_path_factory.mktemp('det') / 'adapter.pth')
+    torch.save({'state_dict': model.state_dict()}, checkpoint)
+    return dict(cfg=cfg, checkpoint=checkpoint)
+
+
+@pytest.mark.parametrize('change, key', [
+    (dict(moppa_cfg=dict(heat_param='raw')), 'moppa_cfg.heat_param'),
+    (dict(moppa_cfg=dict(init_mode='paper')), 'moppa_cfg.init_mode'),
+    (dict(moppa_cfg=dict(eta=0.5)), 'moppa_cfg.eta'),
+    (dict(use_moppa=False), 'adapters.use_moppa'),
+    (dict(use_scale_shift=True), 'adapters.use_scale_shift'),
+    (dict(moppa_scope='global'), 'adapters.moppa_scope'),
+])
+def test_detector_mismatch_stops(detector, change, key):
+    cfg = copy.deepcopy(detector['cfg'])
+    cfg.model.backbone.update(change)
+    cfg.model.backbone.init_cfg = None  # as init_detector builds it
+    with pytest.raises(AdapterRecordMismatchError, match=rf'{key}:'):
+        load_checkpoint(build(cfg.model, scope='mmdet'), detector['checkpoint'],
+                        map_location='cpu')
+
+
+def test_detector_with_other_classes_stops(detector):
+    cfg = copy.deepcopy(detector['cfg'])
+    for head in cfg.model.roi_head.bbox_head:
+        head.num_classes = 5
+    cfg.model.roi_head.mask_head.num_classes = 5
+    with pytest.raises(PretrainedMismatchError, match=r'(?s)roi_head.*in the checkpoint.*'
+                       'another task'):
+        load_checkpoint(build(cfg.model, scope='mmdet'), detector['checkpoint'],
+                        map_location='cpu')
+
+
+def test_old_checkpoint_without_a_record_still_loads(trained_classifier, tmp_path):
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    del checkpoint['state_dict']['backbone._extra_state']
+    path = str(tmp_path / 'old.pth')
+    torch.save(checkpoint, path)
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    load_checkpoint(model, path, map_location='cpu')
+    assert osp.isfile(path) and os.path.getsize(path) > 0
