@@ -204,3 +204,25 @@ def test_training_workers_are_seeded_for_an_exact_resume(path):
     if loader.num_workers > 0:
         assert not loader.persistent_workers
         assert loader.worker_init_fn == dict(type='epoch_seeded_worker_init')
+
+
+@pytest.mark.parametrize('moppa, plain, scope', [
+    ('configs/moppa/cascade-mask-rcnn_moppa-swin-b-p4-w7_fpn_ms-crop-3x_coco.py',
+     'configs/moppa/cascade-mask-rcnn_swin-b-p4-w7_fpn_ms-crop-3x_coco.py', 'mmdet'),
+    ('configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-dtd.py',
+     'configs/vtab1k/full_vit-b-p16_in21k-augreg-pre_vtab1k-dtd.py', 'mmpretrain'),
+])
+def test_two_lines_give_the_shipped_method(moppa, plain, scope):
+    """The backbones' defaults are the shipped recipe: the plain baseline's
+    backbone with only its type changed builds the adapter of the shipped
+    MoPPA config (same record, same trainable set)."""
+    from mmengine.registry import MODELS, init_default_scope
+    init_default_scope(scope)
+    shipped = copy.deepcopy(parsed(osp.join(REPO, moppa)).model.backbone)
+    two_lines = copy.deepcopy(parsed(osp.join(REPO, plain)).model.backbone)
+    two_lines.type = shipped.type
+    for backbone in (shipped, two_lines):
+        backbone.init_cfg = None  # the architecture, no weights
+    built = [MODELS.build(backbone) for backbone in (shipped, two_lines)]
+    assert built[0].adapter_record() == built[1].adapter_record()
+    assert built[0].parameter_breakdown() == built[1].parameter_breakdown()

@@ -28,6 +28,7 @@ def test_route_weights_in_scalars_and_tensorboard(shapes_data, tmp_path):
     # a visualizer is a process-wide instance per name: mmdet's runtime names it
     # 'visualizer', and an earlier Runner's would write into its own work_dir
     cfg.visualizer.name = f'route-logging-{tmp_path.name}'
+    cfg.custom_hooks.append(ConfigDict(type='RouteRegularizationHook'))  # opt-in logging
     runner = Runner.from_cfg(cfg)
     runner.train()
     units = runner.model.backbone.stages

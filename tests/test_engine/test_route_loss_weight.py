@@ -1,12 +1,7 @@
-"""The route-loss weight as a config variable, and the "w/o MoPPA" switch,
-through real Configs and Runners (the classification demo config: a 2-layer
-ViT on a generated VTAB-1K-format task).
-
-mmengine substitutes a top-level variable where a config uses it when that
-file is parsed: neither a child config's ``route_loss_weight = 0.5`` nor
-``--cfg-options route_loss_weight=0.5`` would reach a ``loss_weight=...``
-written inside ``custom_hooks``. RouteRegularizationHook therefore reads
-``route_loss_weight`` from the runner's config."""
+"""The route-loss weight as the backbone's argument, and the "w/o MoPPA"
+switch, through real Configs and Runners (the classification demo config: a
+2-layer ViT on a generated VTAB-1K-format task). The old top-level
+``route_loss_weight`` and a hook ``loss_weight`` are refused with the fix."""
 import math
 import os.path as osp
 
@@ -58,7 +53,8 @@ def first_route_values(runner):
 
 
 def test_child_config_sets_the_route_loss_weight(demo_data, tmp_path):
-    cfg = load(child(tmp_path, 'route_loss_weight = 0.5\n'), demo_data, tmp_path)
+    cfg = load(child(tmp_path, 'model = dict(backbone=dict(route_loss_weight=0.5))\n'),
+               demo_data, tmp_path)
     runner = Runner.from_cfg(cfg)
     runner.train()
     weight, loss_route = first_route_values(runner)
@@ -67,20 +63,22 @@ def test_child_config_sets_the_route_loss_weight(demo_data, tmp_path):
 
 
 def test_cfg_options_set_the_route_loss_weight(demo_data, tmp_path):
-    cfg = load(DEMO_CLS, demo_data, tmp_path, {'route_loss_weight': 0.25})
+    cfg = load(DEMO_CLS, demo_data, tmp_path, {'model.backbone.route_loss_weight': 0.25})
     runner = Runner.from_cfg(cfg)
     runner.train()
     assert first_route_values(runner)[0] == 0.25
 
 
-def test_a_conflicting_hook_weight_is_named(demo_data, tmp_path):
+def test_the_old_places_of_the_weight_are_refused(demo_data, tmp_path):
+    from preflight import check_config  # tools/
     cfg = load(DEMO_CLS, demo_data, tmp_path, {'route_loss_weight': 0.25})
-    (hook, ) = [h for h in cfg.custom_hooks if h.type == 'RouteRegularizationHook']
-    hook.loss_weight = 1.0
-    runner = Runner.from_cfg(cfg)
-    with pytest.raises(ValueError, match='loss_weight=1.0 in custom_hooks and '
-                       'route_loss_weight=0.25 in the config disagree'):
-        runner.train()
+    with pytest.raises(ValueError, match=r'(?s)route_loss_weight = 0.25 at the top level.*'
+                       'model.backbone.route_loss_weight=0.25'):
+        check_config(cfg)
+    cfg = load(DEMO_CLS, demo_data, tmp_path)
+    cfg.custom_hooks.append(dict(type='RouteRegularizationHook', loss_weight=1.0))
+    with pytest.raises(ValueError, match='model.backbone.route_loss_weight=1.0'):
+        Runner.from_cfg(cfg).train()
 
 
 def test_without_moppa_trains_with_no_route_loss(demo_data, tmp_path):
@@ -93,8 +91,6 @@ def test_without_moppa_trains_with_no_route_loss(demo_data, tmp_path):
     assert 'train/loss_route' not in hub.log_scalars
     assert math.isfinite(hub.get_scalar('train/loss').current())
     assert 'val/accuracy/top1' in hub.log_scalars
-    log = open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
-    assert 'holds no MoPPA unit (use_moppa=False?)' in log
 
 
 def test_config_inherited_through_the_package_scope_trains(demo_data, tmp_path):
@@ -105,7 +101,7 @@ def test_config_inherited_through_the_package_scope_trains(demo_data, tmp_path):
     registry")."""
     path = tmp_path / 'my_cls.py'
     path.write_text("_base_ = 'moppa_mm::demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py'\n"
-                    'route_loss_weight = 0.5\n')
+                    'model = dict(backbone=dict(route_loss_weight=0.5))\n')
     cfg = load(str(path), demo_data, tmp_path / 'work')
     assert cfg.model._scope_ == 'moppa_mm'
     runner = Runner.from_cfg(cfg)

@@ -11,6 +11,7 @@ import torch
 from mmengine.runner import Runner, load_checkpoint
 from preflight import check_config  # tools/
 
+from moppa_mm.models import full_state
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
@@ -45,7 +46,8 @@ def build_detector(cfg):
 
 def test_training_checkpoint_is_plain_and_resumes(trained, tmp_path):
     ckpt = torch.load(trained['ckpt'], weights_only=True)  # nothing but plain data
-    assert ckpt['meta']['adapter_only'] and 'rng_state' in ckpt['meta']
+    assert 'rng_state' in ckpt['meta']
+    assert ckpt['state_dict']['backbone._extra_state']['base']['fingerprint']  # the record
     assert {'message_hub', 'optimizer', 'param_schedulers'} <= set(ckpt)
 
     cfg = tiny_detection_cfg(trained['data'], tmp_path, max_iters=3)
@@ -142,13 +144,28 @@ def test_vit_checkpoint_as_swin_pretrained_stops(trained, tmp_path):
         build_detector(cfg).init_weights()
 
 
-def test_adapter_only_checkpoint_without_pretrained_stops(trained):
+def test_adapter_only_checkpoint_restores_its_recorded_base(trained, tmp_path):
+    """As init_detector builds the model (no init_cfg): the base comes from the
+    file the record names; where that file is gone too, the error names it."""
     cfg = copy.deepcopy(trained['cfg'])
     cfg.model.backbone.init_cfg = None
     model = build_detector(cfg)
+    load_checkpoint(model, trained['ckpt'])
+    reference = build_detector(copy.deepcopy(trained['cfg']))
+    reference.init_weights()
+    with full_state(model), full_state(reference):
+        restored, expected = model.backbone.state_dict(), reference.backbone.state_dict()
+    for key in ('patch_embed.projection.weight', 'stages.1.blocks.0.attn.w_msa.qkv.weight'):
+        torch.testing.assert_close(restored[key], expected[key])
+    checkpoint = torch.load(trained['ckpt'], weights_only=True)
+    checkpoint['state_dict']['backbone._extra_state']['base']['checkpoint'] = str(
+        tmp_path / 'moved.pth')
+    moved = str(tmp_path / 'adapter.pth')
+    torch.save(checkpoint, moved)
     with pytest.raises(PretrainedMismatchError,
-                       match='adapter-only.*init_cfg.checkpoint'):
-        load_checkpoint(model, trained['ckpt'])
+                       match=r"(?s)adapter-only.*moved.pth' does not exist.*init_cfg.*"
+                       '--merge-base'):
+        load_checkpoint(build_detector(cfg), moved)
 
 
 def test_global_scope_checkpoint_in_window_scope_model_stops(trained, tmp_path):
@@ -157,7 +174,8 @@ def test_global_scope_checkpoint_in_window_scope_model_stops(trained, tmp_path):
     global_model = build_detector(cfg)
     path = str(tmp_path / 'global.pth')
     torch.save({'state_dict': global_model.state_dict()}, path)
-    with pytest.raises(PretrainedMismatchError, match='do not fit the model'):
+    with pytest.raises(PretrainedMismatchError,
+                       match="adapters.moppa_scope: 'global' in the checkpoint"):
         load_checkpoint(build_detector(copy.deepcopy(trained['cfg'])), path)
 
 
@@ -166,7 +184,7 @@ def test_test_tool_restores_the_pretrained_base(trained, tmp_path):
     result = run([PYTHON, 'tools/test.py', trained['config'], trained['ckpt'],
                   '--work-dir', str(tmp_path)])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert 'loading the pre-trained weights' in result.stdout + result.stderr
+    assert 'loading the pre-trained base' in result.stdout + result.stderr
 
 
 def test_inference_apis_match_the_test_tool(trained, tmp_path):

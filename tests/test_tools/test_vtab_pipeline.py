@@ -83,7 +83,7 @@ def test_train_then_mmpretrain_test_tool_reproduces_accuracy(vtab_root, tmp_path
 
     ckpt_path = osp.join(work_dir, 'epoch_2.pth')
     ckpt = torch.load(ckpt_path, weights_only=False)
-    assert ckpt['meta']['adapter_only']
+    assert ckpt['state_dict']['backbone._extra_state']['base']['fingerprint']  # the record
     assert not any(k.startswith('backbone.') and 'moppa' not in k and 'ssf_' not in k
                    for k in ckpt['state_dict'])
     config = osp.join(work_dir, 'config.py')

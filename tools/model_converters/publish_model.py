@@ -63,7 +63,7 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
         meta.pop(key, None)
     if merge_base:
         checkpoint['state_dict'] = merged_state_dict(checkpoint, config)
-        meta['adapter_only'] = False
+        meta.pop('adapter_only', None)
     stem = out_file[:-len('.pth')] if out_file.endswith('.pth') else out_file
     tmp_file = stem + '.tmp.pth'
     os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
