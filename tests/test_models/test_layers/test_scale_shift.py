@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 
 from moppa_mm.models.layers import ScaleShift
-from moppa_mm.models.layers.scale_shift import (SCALE_FLOOR, Conv2dScaleShift, LinearScaleShift,
-                                               _LinearScaleShift)
+from moppa_mm.models.layers.scale_shift import (SCALE_FLOOR, Conv2dScaleShift,
+                                                LinearScaleShift, _LinearScaleShift)
 
 
 def fused_and_reference(out_features=12, dims=None, offset=0, bias=True, seed=0,
