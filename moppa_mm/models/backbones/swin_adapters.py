@@ -106,6 +106,7 @@ class MoPPASwinBlockMixin:
         return self.forward_inner(x, hw_shape)
 
     def forward_inner(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """The block without checkpointing (what ``with_cp`` recomputes)."""
         identity = x  # (B, H*W, C)
         x = self.norm1(x)
         unit = self._modules.get('moppa')
