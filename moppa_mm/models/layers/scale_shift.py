@@ -106,9 +106,9 @@ class ScaleShift(nn.Module):
 
     Args:
         dims (int): Channels scaled and shifted.
-        channel_dim (int): The channel axis of the hooked output: -1 for
+        channel_dim (int): The channel axis of the scaled output: -1 for
             token tensors (B, N, C), 1 for feature maps (B, C, H, W).
-        offset (int): First channel of the hooked output that is affected
+        offset (int): First channel of the scaled output that is affected
             (e.g. ``2 * C`` for the value part of a fused qkv projection).
     """
 
