@@ -35,7 +35,7 @@ from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.models.peft import LoRAModel
 
 import moppa_mm  # noqa: F401  registries
-from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer
+from moppa_mm.models.backbones.moppa_vit import MoPPAEncoderLayer, MoPPAVisionTransformer
 from moppa_mm.models.converters import plain_to_lora_keys
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 
@@ -74,8 +74,6 @@ def build(method: str, depth: int, base: Dict[str, torch.Tensor], rank: int,
     missing, unexpected = model.load_state_dict(base, strict=False)
     assert not unexpected and all('moppa' in k or 'ssf_' in k for k in missing), \
         (missing, unexpected)
-    for layer in model.layers:  # the patch embedding (which sets it) is bypassed
-        layer.moppa.hw_shape = GRID
     return model
 
 
@@ -85,8 +83,8 @@ def map_tokens(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     batch, height, width, channels = tokens.shape
     x = tokens.reshape(batch, height * width, channels)  # (1, H*W, C)
     x = torch.cat([vit.cls_token.expand(batch, -1, -1), x], dim=1)  # (1, 1 + H*W, C)
-    for layer in vit.layers:
-        x = layer(x)
+    for layer in vit.layers:  # the patch embedding is bypassed: the grid is given
+        x = layer(x, (height, width)) if isinstance(layer, MoPPAEncoderLayer) else layer(x)
     return x[:, 1:].reshape(batch, height, width, channels)
 
 

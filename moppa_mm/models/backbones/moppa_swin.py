@@ -2,19 +2,31 @@
 
 A subclass of mmdet's ``SwinTransformer``: after ``super().__init__()`` every
 block gets a MoPPA unit before its (shifted-)window attention and a 3x3 conv
-adapter before its FFN (on the output of ``norm2``). They are wired in with hooks, so none of the
-base class's parameter names change and official checkpoints (and mmdet's Swin
-key conversion) load as they are; only adapter keys are new. The wiring is
-shared with the MMPretrain MoPPA Swin (:mod:`.swin_adapters`).
+adapter before its FFN (on the output of ``norm2``), run by the blocks'
+written-out forward (:class:`MoPPASwinBlock`, :class:`MoPPAWindowMSA`). None
+of the base class's parameter names change, so official checkpoints (and
+mmdet's Swin key conversion) load as they are; only adapter keys are new. The
+wiring is shared with the MMPretrain MoPPA Swin (:mod:`.swin_adapters`).
 """
 from typing import Optional
 
 from mmdet.models.backbones import SwinTransformer
+from mmdet.models.backbones.swin import SwinBlock, WindowMSA
 from mmdet.registry import MODELS
 
-from .swin_adapters import SCOPES, SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit
+from .swin_adapters import (SCOPES, MoPPASwinBlockMixin, MoPPAWindowMSAMixin,
+                            SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit)
 
-__all__ = ['MoPPASwinTransformer', 'SwinMoPPAUnit', 'SwinConvAdapter', 'SCOPES']
+__all__ = ['MoPPASwinTransformer', 'MoPPASwinBlock', 'MoPPAWindowMSA', 'SwinMoPPAUnit',
+           'SwinConvAdapter', 'SCOPES']
+
+
+class MoPPASwinBlock(MoPPASwinBlockMixin, SwinBlock):
+    """mmdet's ``SwinBlock`` with its adapters (see :class:`MoPPASwinBlockMixin`)."""
+
+
+class MoPPAWindowMSA(MoPPAWindowMSAMixin, WindowMSA):
+    """mmdet's ``WindowMSA`` after the block's window-scope unit."""
 
 
 @MODELS.register_module()
@@ -34,6 +46,8 @@ class MoPPASwinTransformer(SwinAdapterMixin, SwinTransformer):
 
     PRETRAINED_MAY_LACK = ('norm[0-9]*', )  # mmdet's per-stage output norms
     IMG_SIZE_ARG = 'pretrain_img_size'
+    BLOCK_CLASSES = {SwinBlock: MoPPASwinBlock}
+    WINDOW_MSA_CLASSES = {WindowMSA: MoPPAWindowMSA}
 
     def __init__(self,
                  *args,

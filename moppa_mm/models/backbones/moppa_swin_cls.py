@@ -18,9 +18,20 @@ detection). Official Swin release files load after
 from typing import Optional
 
 from mmpretrain.models.backbones import SwinTransformer
+from mmpretrain.models.backbones.swin_transformer import SwinBlock
+from mmpretrain.models.utils.attention import WindowMSA
 from mmpretrain.registry import MODELS
 
-from .swin_adapters import SwinAdapterMixin
+from .swin_adapters import MoPPASwinBlockMixin, MoPPAWindowMSAMixin, SwinAdapterMixin
+
+
+class MoPPASwinBlockCls(MoPPASwinBlockMixin, SwinBlock):
+    """mmpretrain's ``SwinBlock`` with its adapters (see
+    :class:`~.swin_adapters.MoPPASwinBlockMixin`)."""
+
+
+class MoPPAWindowMSACls(MoPPAWindowMSAMixin, WindowMSA):
+    """mmpretrain's ``WindowMSA`` after the block's window-scope unit."""
 
 
 @MODELS.register_module(name='MoPPASwinTransformer')
@@ -42,6 +53,8 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
     """
 
     IMG_SIZE_ARG = 'img_size'
+    BLOCK_CLASSES = {SwinBlock: MoPPASwinBlockCls}
+    WINDOW_MSA_CLASSES = {WindowMSA: MoPPAWindowMSACls}
 
     def __init__(self,
                  *args,

@@ -4,41 +4,46 @@ A subclass of mmpretrain's ``VisionTransformer``: after ``super().__init__()``
 every layer gets a MoPPA unit before self-attention, on the patch-token grid
 (extra tokens such as the class token pass unchanged), plus learnable scale &
 shift (RLRR/SSF style, paper supplementary) on the patch embedding, the attention
-value and output projections and both MLP layers. Everything is wired with
-forward hooks, so the base parameter names are unchanged and mmpretrain / timm /
-JAX checkpoints (through :mod:`moppa_mm.models.converters`) load as they are.
+value and output projections and both MLP layers. Each layer is a
+:class:`MoPPAEncoderLayer`, whose forward runs the unit; the linear layers and
+the patch projection run their scale & shift
+(:mod:`moppa_mm.models.layers.scale_shift`). The base parameter names are
+unchanged, so mmpretrain / timm / JAX checkpoints (through
+:mod:`moppa_mm.models.converters`) load as they are.
+
+The units need the patch grid, which only the patch embedding knows (a token
+count such as 63 may be 7 x 9 or 9 x 7): :meth:`MoPPAVisionTransformer.forward`
+is the base class's with the grid handed to every layer.
 """
 import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 from mmpretrain.models.backbones import VisionTransformer
+from mmpretrain.models.backbones.vision_transformer import TransformerEncoderLayer
+from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.dct import dct2d_of_suffix, idct2d_after_prefix
 from ..layers import ScaleShift
-from ..layers.scale_shift import attach_scale_shift
+from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
+from .class_swap import swap_class
 
 
 class ViTMoPPAUnit(MoPPAUnit):
-    """A :class:`MoPPAUnit` with the pre-hook that puts it before a ViT layer's
-    attention (a bound method: ``copy.deepcopy`` rewires it)."""
+    """A :class:`MoPPAUnit` on a ViT layer's tokens, before its attention: the
+    patch tokens on their grid, the extra tokens (the class token) unchanged."""
 
     enabled = True
     num_extra_tokens = 1
-    # the patch grid of the backbone forward in progress (set from the patch
-    # embedding's output, cleared when the backbone's forward returns)
-    forward_grid: Optional[Tuple[int, int]] = None
 
     def patch_grid(self, num_patches: int) -> Tuple[int, int]:
-        """The (H, W) grid of ``num_patches`` patch tokens: that of the backbone
-        forward in progress, else the reference grid, else a square one."""
-        for grid in (self.forward_grid, self.grid_size):
-            if grid is not None and grid[0] * grid[1] == num_patches:
-                return tuple(grid)
+        """The (H, W) grid of ``num_patches`` patch tokens when a layer is
+        called without one: the reference grid, else a square one."""
+        if self.grid_size[0] * self.grid_size[1] == num_patches:
+            return tuple(self.grid_size)
         side = math.isqrt(num_patches)
         if side * side == num_patches:
             return side, side
@@ -48,21 +53,39 @@ class ViTMoPPAUnit(MoPPAUnit):
             f'{self.grid_size} and not square. Call the layer through the '
             'backbone, whose patch embedding gives the grid')
 
-    def attn_hook(self, attn: nn.Module, args: tuple):
+    def forward_tokens(self, x: torch.Tensor,
+                       grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
+        (H, W) ``grid`` (None: :meth:`patch_grid`)."""
         if not self.enabled:
-            return None
-        x, *rest = args  # (B, extra + H*W, C), after ln1
+            return x
         batch, tokens, channels = x.shape
-        grid = self.patch_grid(tokens - self.num_extra_tokens)
+        grid = tuple(grid) if grid is not None else \
+            self.patch_grid(tokens - self.num_extra_tokens)
         # the patch tokens' DCT reads them in place, and the inverse writes
         # behind the extra tokens: no split or concatenation pass either way
         extra, spectrum = dct2d_of_suffix(x, self.num_extra_tokens, grid)
         spectrum = self.filter_spectrum(spectrum)
         if spectrum.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type):
-            return (idct2d_after_prefix(spectrum, extra), *rest)
+            return idct2d_after_prefix(spectrum, extra)
         patches = self.inverse(spectrum, x.dtype)  # (B, H, W, C)
-        x = torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
-        return (x, *rest)
+        return torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
+
+
+class MoPPAEncoderLayer(TransformerEncoderLayer):
+    """mmpretrain's ``TransformerEncoderLayer`` with the layer's MoPPA unit
+    (``moppa``, when it has one) between ``ln1`` and the attention."""
+
+    def forward(self, x: torch.Tensor,
+                patch_grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W), None for the
+        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`)."""
+        attn_input = self.ln1(x)
+        unit = self._modules.get('moppa')
+        if unit is not None:
+            attn_input = unit.forward_tokens(attn_input, patch_grid)
+        x = x + self.attn(attn_input)
+        return self.ffn(self.ln2(x), identity=x)
 
 
 @MODELS.register_module()
@@ -72,10 +95,8 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
     All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus
     those below. ``frozen_stages`` freezes the adapters inside the frozen parts
     too (the patch embedding's scale & shift, the frozen layers' adapters), as
-    in the MoPPA Swin. The units take the patch grid of the backbone forward in
-    progress; a layer called on its own infers it from its token count
-    (mmpretrain's ViT layers have no gradient checkpointing, whose recompute
-    would run after the forward).
+    in the MoPPA Swin. The backbone's forward hands each layer the patch grid;
+    a layer called on its own without one infers it from its token count.
 
     Args:
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
@@ -123,21 +144,16 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         self.use_scale_shift = use_scale_shift
         grid = tuple(self.patch_embed.init_out_size)  # (H, W) at img_size
         for layer in self.layers:
+            swap_class(layer, {TransformerEncoderLayer: MoPPAEncoderLayer})
             if use_moppa:
                 heads = moppa_heads or layer.attn.num_heads
                 layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid,
                                            **moppa_config.unit_kwargs())
                 layer.moppa.num_extra_tokens = self.num_extra_tokens
-                layer.attn.register_forward_pre_hook(layer.moppa.attn_hook)
             if use_scale_shift:
                 attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
         if use_scale_shift:
-            self.patch_embed.ssf_proj = ScaleShift(self.embed_dims, channel_dim=1)
-            self.patch_embed.projection.register_forward_hook(
-                self.patch_embed.ssf_proj.output_hook)
-        if use_moppa:
-            self.patch_embed.register_forward_hook(self._record_patch_grid)
-            self.register_forward_hook(self._clear_patch_grid)
+            scale_shift_projection(self.patch_embed, self.embed_dims)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record)
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
@@ -157,13 +173,23 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                     moppa_heads=[unit.num_heads for unit in units],
                     grid=list(units[0].grid_size) if units else None)
 
-    def _record_patch_grid(self, patch_embed, args, output):
-        _, patch_resolution = output  # PatchEmbed returns (tokens, (H, W))
-        for layer in self.layers:
-            layer.moppa.forward_grid = tuple(patch_resolution)
-
-    def _clear_patch_grid(self, module, args, output):
-        """After the backbone's forward: a layer called on its own (or
-        recomputed later) infers its grid from its tokens."""
-        for layer in self.layers:
-            layer.moppa.forward_grid = None
+    def forward(self, x: torch.Tensor) -> tuple:
+        """mmpretrain's ``VisionTransformer.forward`` with one change: every
+        layer is called with the patch grid of this forward
+        (``layer(x, patch_resolution)``), which the patch embedding returns."""
+        batch = x.shape[0]
+        x, patch_resolution = self.patch_embed(x)  # (B, H*W, C), (H, W)
+        if self.cls_token is not None:
+            x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)
+        x = x + resize_pos_embed(self.pos_embed, self.patch_resolution, patch_resolution,
+                                 mode=self.interpolate_mode,
+                                 num_extra_tokens=self.num_extra_tokens)
+        x = self.pre_norm(self.drop_after_pos(x))  # (B, extra + H*W, C)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, patch_resolution)
+            if i == len(self.layers) - 1 and self.final_norm:
+                x = self.ln1(x)
+            if i in self.out_indices:
+                outs.append(self._format_output(x, patch_resolution))
+        return tuple(outs)

@@ -1,87 +1,123 @@
 """What the MoPPA Swin backbones share (MMDetection's and MMPretrain's Swin
-have the same block structure): the MoPPA unit and conv adapter with the hooks
-that put them in a ``SwinBlock``, and the mixin that wires them (and the
-optional scale & shift) into every block after the base ``__init__``.
+have the same block structure): the MoPPA unit and conv adapter, the block and
+window attention whose ``forward`` runs them, and the mixin that puts them (and
+the optional scale & shift) in every block after the base ``__init__``.
 
-Both packages call ``SwinBlock.attn(x, hw_shape)`` (a ``ShiftWindowMSA``),
-whose ``w_msa(windows, mask=...)`` is the ``WindowMSA`` with ``qkv`` and
-``proj``, then ``norm2`` and ``ffn(x, identity=...)`` (mmcv's ``FFN``), and
-both have ``patch_embed.projection``: the hooks below fit either.
+Both packages' ``SwinBlock.forward(x, hw_shape)`` runs ``norm1``, ``attn``
+(a ``ShiftWindowMSA``, whose ``w_msa(windows, mask=...)`` is the
+``WindowMSA`` with ``qkv`` and ``proj``), ``norm2`` and ``ffn(x, identity=...)``
+(mmcv's ``FFN``). Each block is swapped for a subclass
+(:class:`MoPPASwinBlockMixin` with the package's ``SwinBlock``) whose forward
+is written out with the adapters in it, and, for the window scope, its
+``w_msa`` for one (:class:`MoPPAWindowMSAMixin`) that runs the unit on the
+windows. The adapters stay registered on the block (``moppa``,
+``conv_adapter``), where the checkpoints have them.
 """
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
+import torch
 import torch.nn as nn
+import torch.utils.checkpoint as cp
 
 from moppa_mm.operators import MoPPAUnit
 from ..layers import ConvAdapter, ScaleShift
-from ..layers.scale_shift import attach_scale_shift
+from ..layers.scale_shift import attach_scale_shift, refer_to, scale_shift_projection
 from .adapter_mixin import AdapterMixin
+from .class_swap import swap_class
 
 SCOPES = ('window', 'global')
 
 
 class SwinMoPPAUnit(MoPPAUnit):
-    """A :class:`MoPPAUnit` with the forward pre-hooks that put it in a Swin
-    block. The hooks are bound methods, so ``copy.deepcopy`` of the backbone
-    (EMA, for one) rewires them to the copied units."""
+    """A :class:`MoPPAUnit` on a Swin block's tokens: the attention windows
+    (``scope='window'``, run by :class:`MoPPAWindowMSAMixin`) or the block's
+    whole feature map (``'global'``, run by :class:`MoPPASwinBlockMixin`)."""
 
     enabled = True
+    scope = 'window'
 
-    def window_hook(self, w_msa: nn.Module, args: tuple):
-        """Before ``WindowMSA``: on the (shifted) windows the attention sees."""
+    def forward_windows(self, windows: torch.Tensor) -> torch.Tensor:
+        """The unit on the (shifted) windows the attention sees."""
         if not self.enabled:
-            return None
-        windows, *rest = args  # (B*nW, Wh*Ww, C)
-        num_windows, _, channels = windows.shape
+            return windows
+        num_windows, _, channels = windows.shape  # (B*nW, Wh*Ww, C)
         windows = self(windows.view(num_windows, *self.grid_size,
                                     channels))  # (B*nW, Wh, Ww, C)
-        return (windows.view(num_windows, -1, channels), *rest)
+        return windows.view(num_windows, -1, channels)  # (B*nW, Wh*Ww, C)
 
-    def global_hook(self, attn: nn.Module, args: tuple):
-        """Before ``ShiftWindowMSA``: on the block's whole feature map."""
+    def forward_tokens(self, tokens: torch.Tensor,
+                       hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """The unit on the block's whole (H, W) feature map."""
         if not self.enabled:
-            return None
-        query, hw_shape = args  # (B, H*W, C), (H, W)
-        batch, _, channels = query.shape
-        query = self(query.view(batch, *hw_shape, channels))  # (B, H, W, C)
-        return query.view(batch, -1, channels), hw_shape
+            return tokens
+        batch, _, channels = tokens.shape  # (B, H*W, C)
+        tokens = self(tokens.view(batch, *hw_shape, channels))  # (B, H, W, C)
+        return tokens.view(batch, -1, channels)  # (B, H*W, C)
+
+    def extra_repr(self) -> str:
+        return f'scope={self.scope}, {super().extra_repr()}'
 
 
 class SwinConvAdapter(ConvAdapter):
-    """A :class:`ConvAdapter` with the hooks that put it before a Swin FFN.
-
-    It transforms the output of the block's ``norm2``, which only the FFN reads,
-    so it can recompute that output from the norm's input in backward instead
-    of saving it (:meth:`ConvAdapter.forward_after_norm`)."""
+    """A :class:`ConvAdapter` on the output of a Swin block's ``norm2``, which
+    only the FFN reads: it recomputes that output from the norm's input in
+    backward instead of saving it (:meth:`ConvAdapter.forward_after_norm`)."""
 
     enabled = True
 
-    _grid = None  # (H, W) handed from the attention call to norm2, used once
-
-    def attn_hook(self, attn: nn.Module, args: tuple):
-        """Before ``ShiftWindowMSA.forward(query, hw_shape)``: hand the grid to
-        the ``norm2`` call that follows in the same block forward.
-
-        Both calls happen inside the block's inner forward, so a gradient
-        checkpoint's recompute repeats them in the same order, with the grid of
-        the forward being recomputed (a pre-hook on the block would not run
-        again there)."""
-        self._grid = tuple(args[1])
-        return None
-
-    def norm_hook(self, norm: nn.Module, args: tuple, output):
-        """After ``norm2``, i.e. right before ``FFN.forward(x, identity)``."""
-        grid, self._grid = self._grid, None
+    def forward_tokens(self, tokens: torch.Tensor, norm_input: torch.Tensor,
+                       norm: nn.Module, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """The adapter on ``tokens = norm(norm_input)``, an (H, W) grid."""
         if not self.enabled:
-            return None
-        if grid is None:
-            raise RuntimeError(
-                'SwinConvAdapter: norm2 ran without the attention call before it '
-                'in the same block forward, so the token grid is unknown; call '
-                'the whole SwinBlock')
-        batch, _, channels = output.shape  # (B, H*W, C)
-        x = output.view(batch, *grid, channels)  # (B, H, W, C)
-        return self.forward_after_norm(x, args[0], norm).view(batch, -1, channels)
+            return tokens
+        batch, _, channels = tokens.shape  # (B, H*W, C)
+        x = tokens.view(batch, *hw_shape, channels)  # (B, H, W, C)
+        return self.forward_after_norm(x, norm_input, norm).view(
+            batch, -1, channels)  # (B, H*W, C)
+
+
+class MoPPAWindowMSAMixin:
+    """Mixed into a package's ``WindowMSA`` (window scope): the block's unit
+    on the windows, then the attention. The unit is registered on the block
+    (``moppa``, the checkpoints' key); ``window_unit`` refers to it."""
+
+    window_unit: SwinMoPPAUnit
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x``: (B*nW, Wh*Ww, C) windows; ``mask`` as the base class's."""
+        return super().forward(self.window_unit.forward_windows(x), mask=mask)
+
+    def extra_repr(self) -> str:
+        return "window_unit=(the block's moppa)"
+
+
+class MoPPASwinBlockMixin:
+    """Mixed into a package's ``SwinBlock``: its forward written out with the
+    adapters (when the block has them): ``norm1``, the global-scope unit,
+    ``attn`` (the window-scope unit runs inside, see
+    :class:`MoPPAWindowMSAMixin`), the residual, ``norm2``, the conv adapter,
+    ``ffn`` with the residual. ``with_cp`` checkpoints it as the base class
+    does; the recompute gets the grid with the call."""
+
+    def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """``x``: (B, H*W, C) on the ``hw_shape`` (H, W) grid."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self.forward_inner, x, hw_shape, use_reentrant=True)
+        return self.forward_inner(x, hw_shape)
+
+    def forward_inner(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
+        """The block without checkpointing (what ``with_cp`` recomputes)."""
+        identity = x  # (B, H*W, C)
+        x = self.norm1(x)
+        unit = self._modules.get('moppa')
+        if unit is not None and unit.scope == 'global':
+            x = unit.forward_tokens(x, hw_shape)
+        x = self.attn(x, hw_shape) + identity
+        tokens = self.norm2(x)
+        conv_adapter = self._modules.get('conv_adapter')
+        if conv_adapter is not None:
+            tokens = conv_adapter.forward_tokens(tokens, x, self.norm2, hw_shape)
+        return self.ffn(tokens, identity=x)
 
 
 class SwinAdapterMixin(AdapterMixin):
@@ -125,6 +161,9 @@ class SwinAdapterMixin(AdapterMixin):
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
     PRETRAINED_LABEL = 'pre-trained Swin'
     IMG_SIZE_ARG = 'pretrain_img_size'
+    # the package's classes -> their MoPPA subclasses (set by each backbone)
+    BLOCK_CLASSES: Dict[type, type] = {}
+    WINDOW_MSA_CLASSES: Dict[type, type] = {}
 
     def __init__(self,
                  *args,
@@ -161,10 +200,8 @@ class SwinAdapterMixin(AdapterMixin):
             for block in stage.blocks:
                 self._add_adapters(block, global_grid)
         if use_scale_shift:
-            projection = self.patch_embed.projection  # (B, C, H, W) output
-            self.patch_embed.ssf_proj = ScaleShift(projection.out_channels,
-                                                   channel_dim=1)
-            projection.register_forward_hook(self.patch_embed.ssf_proj.output_hook)
+            scale_shift_projection(self.patch_embed,
+                                   self.patch_embed.projection.out_channels)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record)
 
@@ -187,23 +224,23 @@ class SwinAdapterMixin(AdapterMixin):
                     conv_adapter_dims=[conv.hidden_dims for conv in convs])
 
     def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
+        """Swap ``block`` for its MoPPA subclass and register the adapters on
+        it (after the base parameters: their names and order are those of the
+        checkpoints)."""
+        swap_class(block, self.BLOCK_CLASSES)
         w_msa = block.attn.w_msa
         embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
-        if self.use_moppa and self.moppa_scope == 'window':
-            grid = tuple(w_msa.window_size)  # (Wh, Ww)
+        if self.use_moppa:
+            window = self.moppa_scope == 'window'
+            grid = tuple(w_msa.window_size) if window else global_grid  # (Wh, Ww)
             block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid,
                                         **self.moppa_config.unit_kwargs())
-            w_msa.register_forward_pre_hook(block.moppa.window_hook)
-        elif self.use_moppa:
-            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, global_grid,
-                                        **self.moppa_config.unit_kwargs())
-            block.attn.register_forward_pre_hook(block.moppa.global_hook)
+            block.moppa.scope = self.moppa_scope
+            if window:
+                swap_class(w_msa, self.WINDOW_MSA_CLASSES)
+                refer_to(w_msa, 'window_unit', block.moppa)
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
-            # norm2's output feeds only the FFN; the grid comes from the
-            # attention call of the same block forward
-            block.attn.register_forward_pre_hook(block.conv_adapter.attn_hook)
-            block.norm2.register_forward_hook(block.conv_adapter.norm_hook)
         if self.use_scale_shift:
             attach_scale_shift(w_msa, block.ffn, embed_dims)

@@ -1,15 +1,18 @@
 """Learnable per-channel scale & shift (SSF / RLRR style) on a layer's output.
 
-Two ways in, both keep the layer's parameter names (checkpoints load as they
-are):
+The :class:`ScaleShift` (the parameters) stays registered where the
+checkpoints have always had it (``attn.ssf_value``, ``ffn.ssf_fc1``,
+``patch_embed.ssf_proj``...); the layer whose output it scales is swapped for
+a subclass whose ``forward`` runs it, adopting the layer's own parameters (so
+their names do not change either), as mmpretrain's ``LoRALinear`` wraps a
+linear layer:
 
-- :meth:`ScaleShift.output_hook`, a forward hook for any layer (the patch
-  embedding's convolution);
-- :func:`fuse_into_linear` for a frozen ``nn.Linear`` (the attention's qkv and
-  output projections, both MLP layers), where the scale & shift run inside the
-  layer's matmul (:class:`_LinearScaleShift`).
+- :class:`LinearScaleShift` for an ``nn.Linear`` (the attention's qkv and
+  output projections, both MLP layers): where the layer is frozen the scale &
+  shift run inside its matmul (:class:`_LinearScaleShift`);
+- :class:`Conv2dScaleShift` for an ``nn.Conv2d`` (the patch embedding's
+  projection).
 """
-import functools
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -103,9 +106,9 @@ class ScaleShift(nn.Module):
 
     Args:
         dims (int): Channels scaled and shifted.
-        channel_dim (int): The channel axis of the hooked output: -1 for
+        channel_dim (int): The channel axis of the scaled output: -1 for
             token tensors (B, N, C), 1 for feature maps (B, C, H, W).
-        offset (int): First channel of the hooked output that is affected
+        offset (int): First channel of the scaled output that is affected
             (e.g. ``2 * C`` for the value part of a fused qkv projection).
     """
 
@@ -138,10 +141,6 @@ class ScaleShift(nn.Module):
         shape[self.channel_dim] = channels
         return torch.addcmul(shift.view(shape), x, scale.view(shape))
 
-    def output_hook(self, module: nn.Module, args: tuple, output: torch.Tensor):
-        """Forward hook: scale & shift the hooked module's output."""
-        return self(output) if self.enabled else None
-
     def _scale_state(self) -> tuple:
         return self.scale.data_ptr(), self.scale._version
 
@@ -153,30 +152,6 @@ class ScaleShift(nn.Module):
         if self._floor_check[0] != self._scale_state():
             check_scale_floors([self])
         return self._floor_check[1]
-
-    def linear_forward(self, linear: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
-        """``linear``'s forward with this scale & shift on its output (see
-        :func:`fuse_into_linear`): the fused :class:`_LinearScaleShift` where
-        the layer is frozen, else the layer then :meth:`forward`."""
-        weight, bias = linear.weight, linear.bias
-        if not self.enabled:
-            return F.linear(inputs, weight, bias)
-        if not torch.is_grad_enabled() or not (
-                inputs.requires_grad or self.scale.requires_grad
-                or self.shift.requires_grad):
-            # no backward: fold into the weights when the activation is larger
-            rows = inputs.numel() // max(inputs.shape[-1], 1)
-            if rows >= linear.in_features:
-                scaled_weight, scaled_bias = _scaled_weight(
-                    weight, bias, self.scale, self.shift, self.offset)
-                return F.linear(inputs, scaled_weight, scaled_bias)
-            return self(F.linear(inputs, weight, bias))
-        frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
-        if frozen and self.channel_dim in (-1, inputs.dim() - 1) and \
-                self._scale_clear_of_zero():
-            return _LinearScaleShift.apply(inputs, weight, bias, self.scale,
-                                           self.shift, self.offset)
-        return self(F.linear(inputs, weight, bias))
 
     def extra_repr(self) -> str:
         return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'
@@ -197,27 +172,126 @@ def check_scale_floors(layers: Sequence[ScaleShift]) -> None:
         layer._floor_check = (layer._scale_state(), minimum >= SCALE_FLOOR)
 
 
-def fuse_into_linear(linear: nn.Linear, scale_shift: ScaleShift) -> None:
-    """Run ``scale_shift`` inside ``linear``'s forward (an instance-level
-    ``forward``: the layer keeps its class, parameters and their names, and
-    ``copy.deepcopy`` rebinds both objects). The scale & shift's parameters
-    stay registered where the caller put them."""
-    if not isinstance(linear, nn.Linear):
-        raise TypeError(f'fuse_into_linear needs an nn.Linear, got {type(linear).__name__}')
-    linear.forward = functools.partial(scale_shift.linear_forward, linear)
+def refer_to(module: nn.Module, name: str, target: nn.Module) -> None:
+    """Give ``module`` an attribute ``name`` for ``target`` without registering
+    it as a child: ``target`` stays registered (and named in state dicts)
+    where it is. ``copy.deepcopy`` of a model holding both maps the reference
+    to the copied ``target``."""
+    object.__setattr__(module, name, target)
+
+
+class _RunsScaleShift:
+    """A layer whose ``forward`` runs a :class:`ScaleShift` registered
+    elsewhere (in the layer's parent); ``print(model)`` names it."""
+
+    scale_shift: ScaleShift
+    scale_shift_name: str
+
+    def _adopt(self, layer: nn.Module, scale_shift: ScaleShift, name: str) -> None:
+        """Take ``layer``'s own parameters (the same objects: optimizers and
+        checkpoints see no change) and its train / eval mode."""
+        self.weight, self.bias = layer.weight, layer.bias
+        self.train(layer.training)
+        refer_to(self, 'scale_shift', scale_shift)
+        self.scale_shift_name = name
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, scale_shift={self.scale_shift_name}'
+
+
+class LinearScaleShift(_RunsScaleShift, nn.Linear):
+    """``nn.Linear`` with a :class:`ScaleShift` on its output.
+
+    Where the layer is frozen and the scale clear of zero, the scale & shift
+    run inside the matmul (:class:`_LinearScaleShift`); without gradients they
+    are folded into the weights when the activation is the larger tensor;
+    otherwise the layer's output is scaled and shifted by autograd.
+
+    Args:
+        linear (nn.Linear): The layer; its ``weight`` and ``bias`` are adopted.
+        scale_shift (ScaleShift): Scales channels ``[offset, offset + dims)``
+            of the output; registered by the caller (in the layer's parent).
+        name (str): ``scale_shift``'s name in the layer's parent, for ``repr``.
+    """
+
+    def __init__(self, linear: nn.Linear, scale_shift: ScaleShift, name: str) -> None:
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f'LinearScaleShift adopts an nn.Linear, got {type(linear).__name__}')
+        super().__init__(linear.in_features, linear.out_features,
+                         bias=linear.bias is not None, device='meta')
+        self._adopt(linear, scale_shift, name)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        scale_shift = self.scale_shift
+        if not scale_shift.enabled:
+            return F.linear(inputs, self.weight, self.bias)
+        if not torch.is_grad_enabled() or not (
+                inputs.requires_grad or scale_shift.scale.requires_grad
+                or scale_shift.shift.requires_grad):
+            return self._forward_without_backward(inputs)
+        frozen = not self.weight.requires_grad and (
+            self.bias is None or not self.bias.requires_grad)
+        if frozen and scale_shift.channel_dim in (-1, inputs.dim() - 1) and \
+                scale_shift._scale_clear_of_zero():
+            return _LinearScaleShift.apply(inputs, self.weight, self.bias, scale_shift.scale,
+                                           scale_shift.shift, scale_shift.offset)
+        return scale_shift(F.linear(inputs, self.weight, self.bias))
+
+    def _forward_without_backward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Fold the scale & shift into the weights when the activation is the
+        larger tensor, else scale the output."""
+        scale_shift = self.scale_shift
+        rows = inputs.numel() // max(inputs.shape[-1], 1)
+        if rows >= self.in_features:
+            weight, bias = _scaled_weight(self.weight, self.bias, scale_shift.scale,
+                                          scale_shift.shift, scale_shift.offset)
+            return F.linear(inputs, weight, bias)
+        return scale_shift(F.linear(inputs, self.weight, self.bias))
+
+
+class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):
+    """``nn.Conv2d`` with a :class:`ScaleShift` (``channel_dim=1``) on its
+    output: the patch embedding's projection.
+
+    Args:
+        conv (nn.Conv2d): The layer; its ``weight`` and ``bias`` are adopted.
+        scale_shift (ScaleShift): Registered by the caller (in the layer's
+            parent).
+        name (str): ``scale_shift``'s name in the layer's parent, for ``repr``.
+    """
+
+    def __init__(self, conv: nn.Conv2d, scale_shift: ScaleShift, name: str) -> None:
+        if not isinstance(conv, nn.Conv2d):
+            raise TypeError(f'Conv2dScaleShift adopts an nn.Conv2d, got {type(conv).__name__}')
+        super().__init__(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                         conv.padding, conv.dilation, conv.groups, conv.bias is not None,
+                         conv.padding_mode, device='meta')
+        self._adopt(conv, scale_shift, name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)  # (B, C, H, W)
+        return self.scale_shift(out) if self.scale_shift.enabled else out
+
+
+def scale_shift_projection(patch_embed: nn.Module, dims: int) -> None:
+    """Scale & shift the output of ``patch_embed.projection`` (registered as
+    ``patch_embed.ssf_proj``)."""
+    patch_embed.ssf_proj = ScaleShift(dims, channel_dim=1)  # (B, C, H, W) output
+    patch_embed.projection = Conv2dScaleShift(patch_embed.projection,
+                                              patch_embed.ssf_proj, 'ssf_proj')
 
 
 def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
     """Scale & shift the value part of ``attn.qkv`` (a fused q, k, v
     projection), ``attn.proj`` and both layers of ``ffn`` (mmcv's ``FFN``), as
-    ``attn.ssf_value``, ``attn.ssf_proj``, ``ffn.ssf_fc1`` and ``ffn.ssf_fc2``
-    (fused into the layers' forward: they keep their parameter names)."""
+    ``attn.ssf_value``, ``attn.ssf_proj``, ``ffn.ssf_fc1`` and ``ffn.ssf_fc2``;
+    the four linear layers become :class:`LinearScaleShift` that run them."""
     attn.ssf_value = ScaleShift(dims, offset=2 * dims)  # v of the fused qkv
-    fuse_into_linear(attn.qkv, attn.ssf_value)
+    attn.qkv = LinearScaleShift(attn.qkv, attn.ssf_value, 'ssf_value')
     attn.ssf_proj = ScaleShift(dims)
-    fuse_into_linear(attn.proj, attn.ssf_proj)
+    attn.proj = LinearScaleShift(attn.proj, attn.ssf_proj, 'ssf_proj')
     fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
     ffn.ssf_fc1 = ScaleShift(fc1.out_features)
-    fuse_into_linear(fc1, ffn.ssf_fc1)
+    ffn.layers[0][0] = LinearScaleShift(fc1, ffn.ssf_fc1, 'ssf_fc1')
     ffn.ssf_fc2 = ScaleShift(fc2.out_features)
-    fuse_into_linear(fc2, ffn.ssf_fc2)
+    ffn.layers[1] = LinearScaleShift(fc2, ffn.ssf_fc2, 'ssf_fc2')

@@ -139,9 +139,9 @@ def test_lean_conv_adapter_matches_plain_autograd(with_cp):
         if isinstance(module, SwinConvAdapter):  # the reference: plain forward
             module.forward_after_norm = lambda x, src, norm, m=module: m(x)
     seen = []
-    lean.stages[1].blocks[1].norm2.register_forward_hook(  # after the adapter's
-        lambda m, args, out: seen.append(out.grad_fn and  # a view of the adapter's
-                                         out.grad_fn.next_functions[0][0].name()))
+    lean.stages[1].blocks[1].ffn.register_forward_pre_hook(  # the adapter's output
+        lambda m, args: seen.append(args[0].grad_fn and  # a view of the adapter's
+                                    args[0].grad_fn.next_functions[0][0].name()))
     x = torch.randn(1, 3, 64, 64, requires_grad=with_cp)
     grads = []
     for model in (lean, plain):
@@ -175,8 +175,10 @@ def test_gradient_checkpointing():
         torch.testing.assert_close(grads[1][name], grad, msg=name)
 
 
-def test_deepcopy_rewires_the_hooks():
-    _, moppa = plain_and_moppa()
+def test_deepcopy_gives_the_copy_its_own_adapters():
+    """EMA's deepcopy: the copy's blocks and window attention run the copy's
+    units and scale & shift, not the original's."""
+    _, moppa = plain_and_moppa(use_scale_shift=True)
     clone = copy.deepcopy(moppa)
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -188,6 +190,10 @@ def test_deepcopy_rewires_the_hooks():
         changed = clone(x)
     torch.testing.assert_close(before[0], after[0])  # original untouched
     assert not torch.allclose(changed[0], before[0])  # the clone uses its unit
+    w_msa = clone.stages[0].blocks[0].attn.w_msa
+    assert w_msa.window_unit is clone.stages[0].blocks[0].moppa
+    assert w_msa.qkv.scale_shift is w_msa.ssf_value
+    assert clone.patch_embed.projection.scale_shift is clone.patch_embed.ssf_proj
 
 
 def test_swin_b_budget_matches_paper():
@@ -244,11 +250,29 @@ def test_checkpointed_blocks_take_the_grid_of_the_forward_they_recompute():
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
 
 
-def test_conv_adapter_needs_the_attention_call_of_its_block():
-    _, moppa = plain_and_moppa()
-    block = moppa.stages[0].blocks[0]
-    with pytest.raises(RuntimeError, match='norm2 ran without the attention call'):
-        block.norm2(torch.randn(1, 49, 16))
+@pytest.mark.parametrize('scope', ['window', 'global'])
+def test_block_forward_is_written_out(scope):
+    """A block is its submodules called in order: ``norm1``, the global
+    unit, ``attn`` (the window unit inside, on the windows), the residual,
+    ``norm2``, the conv adapter on the (H, W) grid, ``ffn``."""
+    _, moppa = plain_and_moppa(moppa_scope=scope)
+    block = moppa.stages[0].blocks[1]  # a shifted block
+    with torch.no_grad():
+        block.conv_adapter.up.weight.normal_(0, 0.1)  # away from the zero init
+    x, hw_shape = torch.randn(2, 8 * 12, 16), (8, 12)
+    with torch.no_grad():
+        attn_input = block.norm1(x)
+        if scope == 'global':
+            attn_input = block.moppa(attn_input.view(2, 8, 12, 16)).view(2, -1, 16)
+        attended = block.attn(attn_input, hw_shape) + x  # (window unit inside)
+        tokens = block.conv_adapter(block.norm2(attended).view(2, 8, 12, 16))
+        expected = block.ffn(tokens.view(2, -1, 16), identity=attended)
+        torch.testing.assert_close(block(x, hw_shape), expected)
+        if scope == 'window':  # the unit runs on the attention's windows
+            seen = []
+            block.moppa.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+            block(x, hw_shape)
+            assert seen == [torch.Size([2 * 2 * 2, 7, 7, 16])]  # (B*nW, Wh, Ww, C)
 
 
 @pytest.mark.parametrize('scope', ['window', 'global'])

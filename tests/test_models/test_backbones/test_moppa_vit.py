@@ -26,7 +26,7 @@ def plain_and_moppa(both=None, **kwargs):
 
 def attention_inputs(layer):
     """Records the layer's ``ln1`` output and what its attention receives
-    (after the unit's pre-hook, which was registered first)."""
+    (the unit's output)."""
     seen = {}
     layer.ln1.register_forward_hook(lambda m, a, o: seen.__setitem__('ln1', o.clone()))
     layer.attn.register_forward_pre_hook(
@@ -52,22 +52,23 @@ def test_any_patch_grid(size):
 
 
 def test_layer_called_on_its_own_infers_its_grid():
-    """A layer outside the backbone's forward (or recomputed later) takes its
-    grid from its token count: the backbone forward's grid while it runs,
-    else the reference grid, else a square one, else a clear error."""
+    """The backbone hands each layer its patch grid; a layer called without
+    one takes it from its token count: the reference grid, else a square one,
+    else a clear error."""
     _, moppa = plain_and_moppa()
     layer = moppa.layers[0]
     inputs = {}
-    layer.register_forward_pre_hook(lambda m, a: inputs.__setitem__('x', a[0]))
+    layer.register_forward_pre_hook(lambda m, a: inputs.__setitem__('args', a))
     layer.register_forward_hook(lambda m, a, o: inputs.__setitem__('out', o))
     with torch.no_grad():
         for size in ((32, 32), (48, 48)):  # reference 4x4, square 6x6
             moppa(torch.randn(1, 3, *size))
-            assert layer.moppa.forward_grid is None  # cleared after the forward
-            torch.testing.assert_close(layer(inputs['x']), inputs['out'],
-                                       atol=0, rtol=0)
+            x, grid = inputs['args']
+            assert tuple(grid) == (size[0] // 8, size[1] // 8)
+            torch.testing.assert_close(layer(x), inputs['out'], atol=0, rtol=0)
         with pytest.raises(ValueError, match='patch grid of 15 patch tokens'):
             layer(torch.randn(1, 16, 32))  # 5 x 3 patches: ambiguous alone
+        layer(torch.randn(1, 16, 32), (5, 3))  # given the grid, it runs
 
 
 def test_bypassed_adapters_give_plain_vit_exactly():
@@ -99,8 +100,8 @@ def test_class_token_passes_the_unit_unchanged():
         lambda m, a, o: ln1_out.setdefault('out', o.clone()))
     with torch.no_grad():
         moppa(torch.randn(1, 3, 40, 24))  # 5 x 3 patches
-    # hooks run in registration order: the unit's pre-hook ran first, ours sees
-    # its output; the class token is untouched, the patch tokens changed
+    # the attention receives the unit's output: the class token is untouched,
+    # the patch tokens changed
     torch.testing.assert_close(seen['in'][:, 0], ln1_out['out'][:, 0])
     assert not torch.allclose(seen['in'][:, 1:], ln1_out['out'][:, 1:])
 
@@ -279,11 +280,11 @@ def test_without_moppa_only_scale_shift():
 
 @pytest.mark.parametrize('img_size', [32, 80])  # 4x4 patches: Kronecker DCT; 10x10: separable
 @pytest.mark.parametrize('autocast', [False, True])
-def test_unit_hook_equals_split_unit_concatenation(img_size, autocast):
-    """The hook's in-place sequence transforms give what splitting off the class
-    token, calling the unit and concatenating gives: values and the gradients
-    of the tokens and of every unit parameter (under bf16 autocast too, where
-    the hook concatenates)."""
+def test_unit_on_tokens_equals_split_unit_concatenation(img_size, autocast):
+    """The unit's in-place sequence transforms give what splitting off the
+    class token, calling the unit and concatenating gives: values and the
+    gradients of the tokens and of every unit parameter (under bf16 autocast
+    too, where it concatenates)."""
     torch.manual_seed(0)
     model = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=4,
                                              feedforward_channels=64),
@@ -304,7 +305,7 @@ def test_unit_hook_equals_split_unit_concatenation(img_size, autocast):
         return torch.cat([x[:, :1], patches], dim=1)
 
     with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
-        ours = unit.attn_hook(model.layers[0].attn, (x, ))[0]
+        ours = unit.forward_tokens(x, (h, w))
         ref = reference()
     assert ours.dtype == ref.dtype
     tol = dict(atol=0, rtol=0) if autocast else {}
@@ -314,4 +315,4 @@ def test_unit_hook_equals_split_unit_concatenation(img_size, autocast):
         torch.testing.assert_close(got, want, **tol)
     with torch.no_grad():  # eval: the cached filter, no autograd
         model.eval()
-        torch.testing.assert_close(unit.attn_hook(model.layers[0].attn, (x, ))[0], reference())
+        torch.testing.assert_close(unit.forward_tokens(x, (h, w)), reference())

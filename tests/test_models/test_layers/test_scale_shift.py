@@ -8,20 +8,21 @@ import torch
 import torch.nn as nn
 
 from moppa_mm.models.layers import ScaleShift
-from moppa_mm.models.layers.scale_shift import SCALE_FLOOR, _LinearScaleShift, fuse_into_linear
+from moppa_mm.models.layers.scale_shift import (SCALE_FLOOR, Conv2dScaleShift,
+                                                LinearScaleShift, _LinearScaleShift)
 
 
 def fused_and_reference(out_features=12, dims=None, offset=0, bias=True, seed=0,
                         dtype=torch.float32):
-    """A frozen linear layer with a scale & shift fused in, and the
-    reference computation with the same parameters."""
+    """A frozen linear layer running a scale & shift (:class:`LinearScaleShift`
+    adopting its parameters), and the reference computation."""
     torch.manual_seed(seed)
     linear = nn.Linear(8, out_features, bias=bias).to(dtype).requires_grad_(False)
     ssf = ScaleShift(dims or out_features, offset=offset).to(dtype)
     with torch.no_grad():
         ssf.scale.uniform_(0.5, 1.5)
         ssf.shift.normal_()
-    fuse_into_linear(linear, ssf)
+    linear = LinearScaleShift(linear, ssf, 'ssf')
 
     def reference(x):
         return ssf(nn.functional.linear(x, linear.weight, linear.bias))
@@ -128,7 +129,7 @@ def test_autocast_bfloat16():
         torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
 
 
-def test_deepcopy_rebinds_the_fused_forward():
+def test_deepcopy_rebinds_the_scale_shift():
     linear, ssf, _ = fused_and_reference()
     holder = nn.Module()
     holder.linear, holder.ssf = linear, ssf
@@ -138,8 +139,32 @@ def test_deepcopy_rebinds_the_fused_forward():
     x = torch.randn(2, 8)
     with torch.no_grad():
         torch.testing.assert_close(twin.linear(x), holder.linear(x) + 1.0)
+    assert twin.linear.scale_shift is twin.ssf
     assert set(dict(twin.named_parameters())) == {
         'linear.weight', 'linear.bias', 'ssf.scale', 'ssf.shift'}
+
+
+def test_adopted_layers_keep_their_parameters_and_show_their_scale_shift():
+    """The layer that runs a scale & shift holds the original layer's weight
+    and bias (the same Parameters), registers nothing else, and names the
+    scale & shift it runs in ``repr``."""
+    linear = nn.Linear(8, 12)
+    ssf = ScaleShift(4, offset=8)
+    adopted = LinearScaleShift(linear, ssf, 'ssf_value')
+    assert adopted.weight is linear.weight and adopted.bias is linear.bias
+    assert dict(adopted.named_parameters()).keys() == {'weight', 'bias'}
+    assert 'scale_shift=ssf_value' in repr(adopted)
+    conv = nn.Conv2d(3, 4, 2, stride=2)
+    conv_ssf = ScaleShift(4, channel_dim=1)
+    with torch.no_grad():
+        conv_ssf.scale.fill_(2.0)
+    projection = Conv2dScaleShift(conv, conv_ssf, 'ssf_proj')
+    assert projection.weight is conv.weight and 'scale_shift=ssf_proj' in repr(projection)
+    x = torch.randn(1, 3, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(projection(x), conv(x) * 2.0)
+        conv_ssf.enabled = False
+        torch.testing.assert_close(projection(x), conv(x))
 
 
 def test_backbone_checks_every_scale_once_before_its_forward():
