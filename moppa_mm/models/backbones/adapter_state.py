@@ -92,6 +92,21 @@ def fingerprint(tensors: Dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def _is_url(path: str) -> bool:
+    return '://' in path
+
+
+def _restorable(source: Optional[str]) -> Optional[str]:
+    """How the record names the file a base came from: a URL as it is (mmengine
+    downloads and caches it), a local file by its absolute path; None for a
+    base that came from no file."""
+    if not source:
+        return None
+    if _is_url(source):
+        return source
+    return osp.abspath(source) if osp.isfile(source) else None
+
+
 @contextlib.contextmanager
 def full_state(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, ``model.state_dict()`` holds the frozen base of every
@@ -314,9 +329,8 @@ class AdapterStateMixin:
                 'would stay random: is it a checkpoint of this backbone, with '
                 f'its keys (given {len(incoming)} keys, e.g. '
                 f'{_few(list(incoming), 3) or "none"})?')
-        source = self._checkpoint_source
         self._base = dict(
-            checkpoint=osp.abspath(source) if source and osp.isfile(source) else None,
+            checkpoint=_restorable(self._checkpoint_source),
             prefix=self._checkpoint_prefix,
             fingerprint=self._base_fingerprint(incoming))
 
@@ -388,7 +402,7 @@ class AdapterStateMixin:
         configured = init_cfg.get('checkpoint') if init_cfg.get('type') == 'Pretrained' \
             else None
         recorded_file = recorded.get('checkpoint')
-        if recorded_file and osp.isfile(recorded_file):
+        if recorded_file and (_is_url(recorded_file) or osp.isfile(recorded_file)):
             source, prefix = recorded_file, recorded.get('prefix')
         elif configured:
             source, prefix = configured, init_cfg.get('prefix')
