@@ -204,3 +204,15 @@ def test_training_workers_are_seeded_for_an_exact_resume(path):
     if loader.num_workers > 0:
         assert not loader.persistent_workers
         assert loader.worker_init_fn == dict(type='epoch_seeded_worker_init')
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
+def test_checkpoints_are_written_atomically(path):
+    """Every config that imports moppa_mm saves through AtomicCheckpointHook
+    (a kill while saving leaves the previous checkpoint and a last_checkpoint
+    naming it: tests/test_tools/test_durability.py); the plain-mmdet baseline
+    detector does not import moppa_mm and keeps mmdet's hook."""
+    cfg = parsed(path)
+    if 'moppa_mm' not in cfg.get('custom_imports', {}).get('imports', []):
+        return
+    assert cfg.default_hooks.checkpoint.type == 'AtomicCheckpointHook'

@@ -1,9 +1,10 @@
 from .adapter_checkpoint_hook import AdapterCheckpointHook
+from .atomic_checkpoint_hook import AtomicCheckpointHook
 from .non_finite_loss_hook import NonFiniteLossHook
 from .peft_freeze_hook import PEFTFreezeHook
 from .plain_checkpoint_hook import PlainCheckpointHook
 from .rng_state_hook import RNGStateHook
 from .route_regularization_hook import RouteRegularizationHook
 
-__all__ = ['AdapterCheckpointHook', 'NonFiniteLossHook', 'PEFTFreezeHook',
+__all__ = ['AdapterCheckpointHook', 'AtomicCheckpointHook', 'NonFiniteLossHook', 'PEFTFreezeHook',
            'PlainCheckpointHook', 'RNGStateHook', 'RouteRegularizationHook']
