@@ -205,3 +205,23 @@ def test_preflight_names_a_missing_evaluator_annotation_file(tmp_path):
         check_config(cfg, mode='train')
     with pytest.raises(FileNotFoundError, match=r'test_evaluator\[0\].ann_file'):
         check_config(cfg, mode='test')
+
+
+def test_coco_repeated_ids(coco):
+    root, annotations = coco
+    anns, images = annotations['annotations'], annotations['images']
+    anns[1]['id'] = anns[0]['id']
+    with pytest.raises(ValueError, match=rf"train.json: 1 annotation id\(s\) used more "
+                                         rf"than once \({anns[0]['id']}\)"):
+        load_coco(root, annotations)
+    anns[1]['id'] = max(a['id'] for a in anns) + 1
+    images.append(dict(images[0]))
+    with pytest.warns(UserWarning, match=rf"1 image id\(s\) listed more than once "
+                                         rf"\({images[0]['id']}\)"):
+        load_coco(root, annotations)
+
+
+def test_coco_nested_too_deeply_names_the_file(coco):
+    root, _ = coco
+    with pytest.raises(ValueError, match=r'train.json: nested too deeply'):
+        load_coco(root, text='[' * 100000 + ']' * 100000)
