@@ -3,7 +3,9 @@
 import os
 import os.path as osp
 import signal
+import socket
 import subprocess
+import time
 
 import pytest
 import torch
@@ -81,3 +83,35 @@ def test_kill_while_saving_leaves_a_checkpoint_to_resume(
     assert not [n for n in names if n.endswith('.partial')], names
     with open(osp.join(tmp_path, 'last_checkpoint')) as f:
         assert osp.basename(f.read().strip()) == 'epoch_3.pth'
+
+
+def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
+        generated, tmp_path):  # noqa: F811  the imported fixture
+    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=1)
+    config = osp.join(tmp_path, 'tiny.py')
+    cfg.dump(config)
+    cfg.custom_imports.imports = list(cfg.custom_imports.imports) + [
+        'tests.test_tools.hold_run']
+    cfg.custom_hooks = list(cfg.custom_hooks) + [dict(type='HoldHook')]
+    held_config = osp.join(tmp_path, 'held.py')
+    cfg.dump(held_config)
+    first = subprocess.Popen(
+        [PYTHON, 'tools/train.py', held_config, '--work-dir', str(tmp_path)],
+        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not osp.exists(osp.join(tmp_path, 'held')):
+            assert first.poll() is None and time.time() < deadline
+            time.sleep(0.5)
+        second = train(config, tmp_path)
+        assert second.returncode != 0
+        assert f'is in use by another training run (pid {first.pid} on host ' \
+               f'{socket.gethostname()}' in second.stderr, second.stderr[-3000:]
+        assert not osp.exists(osp.join(tmp_path, 'epoch_1.pth'))  # nothing written
+    finally:
+        first.kill()
+        first.wait()
+    # the killed run leaves no lock behind
+    third = train(config, tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert osp.isfile(osp.join(tmp_path, 'epoch_1.pth'))

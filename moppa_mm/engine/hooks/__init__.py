@@ -5,6 +5,8 @@ from .peft_freeze_hook import PEFTFreezeHook
 from .plain_checkpoint_hook import PlainCheckpointHook
 from .rng_state_hook import RNGStateHook
 from .route_regularization_hook import RouteRegularizationHook
+from .work_dir_lock_hook import WorkDirLockHook
 
 __all__ = ['AdapterCheckpointHook', 'AtomicCheckpointHook', 'NonFiniteLossHook', 'PEFTFreezeHook',
-           'PlainCheckpointHook', 'RNGStateHook', 'RouteRegularizationHook']
+           'PlainCheckpointHook', 'RNGStateHook', 'RouteRegularizationHook',
+           'WorkDirLockHook']
