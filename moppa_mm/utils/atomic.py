@@ -63,6 +63,7 @@ def atomic_write(path: str, data: Union[bytes, str, Callable[[io.IOBase], None]]
             reason = {errno.ENOSPC: 'the disk is full',
                       errno.EDQUOT: 'the disk quota is exceeded',
                       errno.EROFS: 'the file system is read-only',
+                      errno.EFBIG: 'the file is larger than allowed (ulimit -f?)',
                       errno.EACCES: 'permission denied'}.get(error.errno, error.strerror)
             raise OSError(error.errno, f'cannot write the {what} {path!r}: {reason} '
                           '(nothing was left under that name)') from error
