@@ -4,6 +4,7 @@
     <data_root>/<task>/images/...       lines: "images/<split>/000123.jpg <label>"
 """
 import os.path as osp
+import warnings
 from collections import OrderedDict
 from typing import List, Optional
 
@@ -76,6 +77,8 @@ class VTAB1k(CustomDataset):
         raises ``ValueError`` / ``FileNotFoundError`` naming ``file:line``."""
         num_classes = len(self.metainfo['classes'])
         data_list = []
+        first_line = {}  # image path -> its first line number
+        repeated = []  # 'line: image (first on line n)'
         with open(self.ann_file) as f:
             for line_number, line in enumerate(f, start=1):
                 where = f'{self.ann_file}:{line_number}'
@@ -96,11 +99,38 @@ class VTAB1k(CustomDataset):
                         f'{where}: label {gt_label} is outside [0, {num_classes}) '
                         f'for VTAB-1K task {self.task!r}')
                 img_path = osp.join(self.img_prefix, filename)
+                if filename in first_line:
+                    repeated.append(f'line {line_number}: {filename} (first on line '
+                                    f'{first_line[filename]})')
+                first_line.setdefault(filename, line_number)
                 check_image_file(img_path, where)
                 data_list.append(dict(img_path=img_path, gt_label=gt_label))
         if not data_list:
             raise ValueError(f'{self.ann_file}: the split lists no image')
+        if repeated:
+            warnings.warn(f'{self.ann_file}: {len(repeated)} line(s) repeat an image '
+                          f'of the split (it counts twice); the first: '
+                          f'{"; ".join(repeated[:5])}')
+        self._warn_test_leak(first_line)
         return data_list
+
+    def _warn_test_leak(self, images: dict) -> None:
+        """A training split that lists images of the test split (same path):
+        warn with the count and the first lines."""
+        test_file = osp.join(osp.dirname(self.ann_file), 'test.txt')
+        if self.split == 'test' or not osp.isfile(test_file):
+            return
+        leaked = []
+        with open(test_file) as f:
+            for line_number, line in enumerate(f, start=1):
+                tokens = line.split()
+                if tokens and tokens[0] in images:
+                    leaked.append(f'{tokens[0]} ({osp.basename(self.ann_file)}:'
+                                  f'{images[tokens[0]]}, test.txt:{line_number})')
+        if leaked:
+            warnings.warn(f'{self.ann_file}: {len(leaked)} image(s) are also in the test '
+                          f'split {test_file}, so the test accuracy is inflated; the '
+                          f'first: {"; ".join(leaked[:5])}')
 
     @staticmethod
     def preflight(cfg: dict) -> None:

@@ -225,3 +225,18 @@ def test_coco_nested_too_deeply_names_the_file(coco):
     root, _ = coco
     with pytest.raises(ValueError, match=r'train.json: nested too deeply'):
         load_coco(root, text='[' * 100000 + ']' * 100000)
+
+
+def test_vtab_repeated_train_lines_and_test_leaks_warn(tmp_path):
+    images = ('a.jpg', 'b.jpg', 'c.jpg')
+    write_task(tmp_path, 'dtd', 'test', ['images/c.jpg 2'], images=images)
+    write_task(tmp_path, 'dtd', 'train800val200',
+               ['images/a.jpg 0', 'images/b.jpg 1', 'images/a.jpg 0', 'images/c.jpg 2'],
+               images=images)
+    with pytest.warns(UserWarning) as record:
+        VTAB1k(str(tmp_path), 'dtd')
+    messages = '\n'.join(str(w.message) for w in record)
+    assert 'train800val200.txt: 1 line(s) repeat an image of the split (it counts ' \
+           'twice); the first: line 3: images/a.jpg (first on line 1)' in messages
+    assert '1 image(s) are also in the test split' in messages
+    assert 'images/c.jpg (train800val200.txt:4, test.txt:1)' in messages
