@@ -2,6 +2,7 @@
 annotation id) when the data set loads, before any training step."""
 import json
 import shutil
+import warnings
 
 import pytest
 
@@ -240,3 +241,24 @@ def test_vtab_repeated_train_lines_and_test_leaks_warn(tmp_path):
            'twice); the first: line 3: images/a.jpg (first on line 1)' in messages
     assert '1 image(s) are also in the test split' in messages
     assert 'images/c.jpg (train800val200.txt:4, test.txt:1)' in messages
+
+
+def test_fgvc_images_shared_between_splits_warn(tmp_path):
+    images = ('x/a.jpg', 'x/b.jpg', 'x/c.jpg', 'x/d.jpg')
+    write_fgvc(tmp_path, '{"x/a.jpg": 0, "x/b.jpg": 1, "x/c.jpg": 2}', images=images)
+    (tmp_path / 'val.json').write_text('{"x/b.jpg": 1, "x/d.jpg": 3}')
+    (tmp_path / 'test.json').write_text('{"./x/c.jpg": 2, "x/d.jpg": 3}')
+    with pytest.warns(UserWarning) as record:
+        FGVC(str(tmp_path), 'cub', 'train')
+    messages = '\n'.join(str(w.message) for w in record)
+    assert '1 image(s) are also in the val split' in messages
+    assert 'validation accuracy (and the best checkpoint chosen by it) is ' \
+           'inflated; the first: x/b.jpg' in messages
+    assert '1 image(s) are also in the test split' in messages
+    assert 'the test accuracy is inflated; the first: x/c.jpg' in messages
+    with pytest.warns(UserWarning, match=r'val.json: 1 image\(s\) are also in the '
+                                         r'test split .*test.json.*the first: x/d.jpg'):
+        FGVC(str(tmp_path), 'cub', 'val')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        FGVC(str(tmp_path), 'cub', 'test')
