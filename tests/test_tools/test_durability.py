@@ -115,3 +115,34 @@ def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
     third = train(config, tmp_path)
     assert third.returncode == 0, third.stderr[-3000:]
     assert osp.isfile(osp.join(tmp_path, 'epoch_1.pth'))
+
+
+def test_resume_with_a_changed_config_names_what_the_checkpoint_overrides(
+        generated, tmp_path):  # noqa: F811  the imported fixture
+    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=1)
+    config = osp.join(tmp_path, 'tiny.py')
+    cfg.dump(config)
+    first = train(config, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lr = cfg.optim_wrapper.optimizer.lr
+
+    resumed = train(config, tmp_path, '--resume', '--cfg-options',
+                    f'optim_wrapper.optimizer.lr={lr * 10}', 'train_cfg.max_epochs=2')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    assert 'the config differs from the one the checkpoint was trained with in 2 ' \
+           'value(s)' in log, log[-3000:]
+    assert f'optim_wrapper.optimizer.lr: checkpoint {lr!r}, config {lr * 10!r} -> ' \
+           "the run uses the checkpoint's (restored with the optimizer state)" in log
+    assert "train_cfg.max_epochs: checkpoint 1, config 2 -> the run uses the " \
+           "config's for the run's length" in log
+    assert f'--resume from {tmp_path}/epoch_1.pth: ' in log
+    assert 'load_from=<checkpoint> (without --resume)' in log
+    assert osp.isfile(osp.join(tmp_path, 'epoch_2.pth'))
+
+    refused = train(config, tmp_path, '--resume', '--cfg-options',
+                    'optim_wrapper.optimizer.type=Adam', 'train_cfg.max_epochs=3')
+    assert refused.returncode != 0
+    assert 'the checkpoint was trained with the AdamW optimizer, the config has Adam' \
+           in refused.stderr, refused.stderr[-3000:]
+    assert not osp.exists(osp.join(tmp_path, 'epoch_3.pth'))
