@@ -53,8 +53,8 @@ def check_fgvc(data_root: str, dataset: str, split: str) -> str:
 
 def read_split(split_file: str) -> dict:
     """A split file's ``{image path: class id}`` object; a file that is not
-    JSON (with its line and column), lists an image twice or is no object
-    raises naming the file."""
+    JSON (with its line and column), not UTF-8, nested too deeply, lists an
+    image twice or is no object raises naming the file."""
     with open(split_file) as f:
         try:
             mapping = json.load(f, object_pairs_hook=_refuse_duplicate_keys(split_file))
@@ -62,6 +62,12 @@ def read_split(split_file: str) -> dict:
             raise ValueError(
                 f'{split_file}:{error.lineno}:{error.colno}: not valid '
                 f'JSON ({error.msg}); the file may be truncated') from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f'{split_file}: not a UTF-8 text file ({error.reason} at '
+                             f'byte offset {error.start}); not a split file') from None
+        except RecursionError:
+            raise ValueError(f'{split_file}: nested too deeply to parse; not a split '
+                             'file') from None
     if not isinstance(mapping, dict):
         raise ValueError(f'{split_file}: expected a JSON object '
                          f'{{"image path": class id}}, got a '

@@ -29,6 +29,21 @@ VTAB_TASKS = OrderedDict(
 VTAB_SPLITS = ('train800', 'val200', 'train800val200', 'test')
 
 
+def split_lines(split_file: str):
+    """``(line number, line)`` of a split file; a file that is not UTF-8 text
+    raises naming the file and line instead of a bare ``UnicodeDecodeError``."""
+    with open(split_file, 'rb') as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode('utf-8')
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f'{split_file}:{line_number}: not UTF-8 text ({error.reason} at '
+                    f'column {error.start + 1}); expected "<image path> <label>" '
+                    'lines') from None
+            yield line_number, line
+
+
 def check_vtab_task(data_root: str, task: str, split: str) -> str:
     """Validate a task and split; returns the split file's path."""
     if task not in VTAB_TASKS:
@@ -79,32 +94,31 @@ class VTAB1k(CustomDataset):
         data_list = []
         first_line = {}  # image path -> its first line number
         repeated = []  # 'line: image (first on line n)'
-        with open(self.ann_file) as f:
-            for line_number, line in enumerate(f, start=1):
-                where = f'{self.ann_file}:{line_number}'
-                tokens = line.split()
-                if not tokens:
-                    continue  # blank lines (a trailing newline) carry nothing
-                if len(tokens) != 2:
-                    raise ValueError(f'{where}: expected "<image path> <label>", '
-                                     f'got {line.rstrip()!r}')
-                filename, label = tokens
-                try:
-                    gt_label = int(label)
-                except ValueError:
-                    raise ValueError(f'{where}: label {label!r} is not an '
-                                     f'integer') from None
-                if not 0 <= gt_label < num_classes:
-                    raise ValueError(
-                        f'{where}: label {gt_label} is outside [0, {num_classes}) '
-                        f'for VTAB-1K task {self.task!r}')
-                img_path = osp.join(self.img_prefix, filename)
-                if filename in first_line:
-                    repeated.append(f'line {line_number}: {filename} (first on line '
-                                    f'{first_line[filename]})')
-                first_line.setdefault(filename, line_number)
-                check_image_file(img_path, where)
-                data_list.append(dict(img_path=img_path, gt_label=gt_label))
+        for line_number, line in split_lines(self.ann_file):
+            where = f'{self.ann_file}:{line_number}'
+            tokens = line.split()
+            if not tokens:
+                continue  # blank lines (a trailing newline) carry nothing
+            if len(tokens) != 2:
+                raise ValueError(f'{where}: expected "<image path> <label>", '
+                                 f'got {line.rstrip()!r}')
+            filename, label = tokens
+            try:
+                gt_label = int(label)
+            except ValueError:
+                raise ValueError(f'{where}: label {label!r} is not an '
+                                 f'integer') from None
+            if not 0 <= gt_label < num_classes:
+                raise ValueError(
+                    f'{where}: label {gt_label} is outside [0, {num_classes}) '
+                    f'for VTAB-1K task {self.task!r}')
+            img_path = osp.join(self.img_prefix, filename)
+            if filename in first_line:
+                repeated.append(f'line {line_number}: {filename} (first on line '
+                                f'{first_line[filename]})')
+            first_line.setdefault(filename, line_number)
+            check_image_file(img_path, where)
+            data_list.append(dict(img_path=img_path, gt_label=gt_label))
         if not data_list:
             raise ValueError(f'{self.ann_file}: the split lists no image')
         if repeated:
@@ -121,12 +135,11 @@ class VTAB1k(CustomDataset):
         if self.split == 'test' or not osp.isfile(test_file):
             return
         leaked = []
-        with open(test_file) as f:
-            for line_number, line in enumerate(f, start=1):
-                tokens = line.split()
-                if tokens and tokens[0] in images:
-                    leaked.append(f'{tokens[0]} ({osp.basename(self.ann_file)}:'
-                                  f'{images[tokens[0]]}, test.txt:{line_number})')
+        for line_number, line in split_lines(test_file):
+            tokens = line.split()
+            if tokens and tokens[0] in images:
+                leaked.append(f'{tokens[0]} ({osp.basename(self.ann_file)}:'
+                              f'{images[tokens[0]]}, test.txt:{line_number})')
         if leaked:
             warnings.warn(f'{self.ann_file}: {len(leaked)} image(s) are also in the test '
                           f'split {test_file}, so the test accuracy is inflated; the '

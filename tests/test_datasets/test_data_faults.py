@@ -262,3 +262,25 @@ def test_fgvc_images_shared_between_splits_warn(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         FGVC(str(tmp_path), 'cub', 'test')
+
+
+def test_vtab_split_that_is_not_text_names_file_and_line(tmp_path):
+    write_task(tmp_path, 'dtd', 'test', ['images/a.jpg 0'])
+    with open(tmp_path / 'dtd/test.txt', 'ab') as f:
+        f.write(b'images/b.jpg \xff\xfe1\n')
+    with pytest.raises(ValueError, match=r'dtd/test.txt:2: not UTF-8 text \(invalid '
+                                         r'start byte at column 14\)'):
+        VTAB1k(str(tmp_path), 'dtd', split='test')
+
+
+@pytest.mark.parametrize('text, message', [
+    (b'{"x/a.jpg": 0, "x/b.jpg\xff": 1}',
+     r'train.json: not a UTF-8 text file \(invalid start byte at byte offset 23\)'),
+    (b'{"x/a.jpg": ' + b'[' * 100000 + b']' * 100000 + b'}',
+     r'train.json: nested too deeply to parse; not a split file'),
+])
+def test_fgvc_split_that_is_not_text_or_too_deep_names_the_file(tmp_path, text, message):
+    write_fgvc(tmp_path, '')
+    (tmp_path / 'train.json').write_bytes(text)
+    with pytest.raises(ValueError, match=message):
+        FGVC(str(tmp_path), 'cub', 'train')
