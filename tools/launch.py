@@ -17,6 +17,7 @@ from cpu_distributed import setup_distributed, shutdown_distributed
 from mmengine.config import Config
 from preflight import check_config
 
+from moppa_mm.utils.config_files import check_config_file
 from moppa_mm.utils.malloc import keep_freed_memory
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
@@ -31,7 +32,7 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     the config (seconds per dump for a detection config)."""
     if not osp.isfile(path):
         raise FileNotFoundError(f'config file not found: {path!r}')
-    cfg = Config.fromfile(path)
+    cfg = read_config(path)
     if not format_python_code:  # fromfile drops this argument (mmengine 0.10)
         cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename,
                      format_python_code=False)
@@ -43,6 +44,18 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
     return cfg
+
+
+def read_config(path: str) -> Config:
+    """``Config.fromfile`` after a bounded check of a YAML file (alias bombs,
+    deep nesting: see ``moppa_mm.utils.config_files``); a file nested too deeply
+    for mmengine's parsers is named instead of a bare ``RecursionError``."""
+    check_config_file(path)
+    try:
+        return Config.fromfile(path)
+    except RecursionError:
+        raise ValueError(f'{path}: nested too deeply to parse; not a config '
+                         'file') from None
 
 
 def prepare_run(cfg: Config, mode: str) -> None:
@@ -123,7 +136,7 @@ def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
     if config is not None:
         if not osp.isfile(config):
             raise FileNotFoundError(f'config file not found: {config!r}')
-        scope = Config.fromfile(config).get('default_scope', 'mmdet')
+        scope = read_config(config).get('default_scope', 'mmdet')
     path = openmmlab_tool_path(scope, mode)
     spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)
     tool = importlib.util.module_from_spec(spec)

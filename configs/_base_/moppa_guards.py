@@ -5,8 +5,15 @@
 #   PlainCheckpointHook: checkpoints hold only tensors and plain containers, so
 #       any torch.load(weights_only=True) reads them, moppa_mm imported or not
 #   NonFiniteLossHook: stops at the first NaN/inf loss, before it is saved
+#   WorkDirLockHook: one training run per work dir (a second one stops, naming
+#       the first's process and host; a killed run leaves no stale lock)
+#   ResumeConfigCheckHook: --resume with a changed lr, schedule, batch size or
+#       process count lists each value with both sides and which one the run
+#       uses; another optimizer type or list of schedulers is refused
 custom_hooks = [
     dict(type='RNGStateHook'),
     dict(type='PlainCheckpointHook'),
     dict(type='NonFiniteLossHook'),
+    dict(type='WorkDirLockHook'),
+    dict(type='ResumeConfigCheckHook'),
 ]

@@ -30,3 +30,7 @@ test_dataloader = dict(dataset=dict(type='CheckedCocoDataset'))
 
 # the optimizer holds what trains; no log line per frozen parameter
 optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')
+
+# checkpoints written atomically (temporary file, fsync, rename), the outdated
+# one deleted only after: a kill while saving leaves a checkpoint to resume from
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))

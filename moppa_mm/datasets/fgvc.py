@@ -1,6 +1,7 @@
 """FGVC with the VPT splits: ``{train,val,test}.json`` map image path -> class id."""
 import json
 import os.path as osp
+import warnings
 from collections import OrderedDict
 from typing import List, Optional
 
@@ -50,6 +51,30 @@ def check_fgvc(data_root: str, dataset: str, split: str) -> str:
     return split_file
 
 
+def read_split(split_file: str) -> dict:
+    """A split file's ``{image path: class id}`` object; a file that is not
+    JSON (with its line and column), not UTF-8, nested too deeply, lists an
+    image twice or is no object raises naming the file."""
+    with open(split_file) as f:
+        try:
+            mapping = json.load(f, object_pairs_hook=_refuse_duplicate_keys(split_file))
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f'{split_file}:{error.lineno}:{error.colno}: not valid '
+                f'JSON ({error.msg}); the file may be truncated') from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f'{split_file}: not a UTF-8 text file ({error.reason} at '
+                             f'byte offset {error.start}); not a split file') from None
+        except RecursionError:
+            raise ValueError(f'{split_file}: nested too deeply to parse; not a split '
+                             'file') from None
+    if not isinstance(mapping, dict):
+        raise ValueError(f'{split_file}: expected a JSON object '
+                         f'{{"image path": class id}}, got a '
+                         f'{type(mapping).__name__}')
+    return mapping
+
+
 @DATASETS.register_module()
 class FGVC(BaseDataset):
     """One FGVC dataset with VPT's json splits.
@@ -66,6 +91,7 @@ class FGVC(BaseDataset):
                  image_prefix: Optional[str] = None,
                  metainfo: Optional[dict] = None, **kwargs) -> None:
         self.split_file = check_fgvc(data_root, dataset, split)
+        self.split = split
         num_classes, default_prefix = FGVC_DATASETS[dataset]
         self.image_prefix = default_prefix if image_prefix is None else image_prefix
         metainfo = dict(metainfo or {})
@@ -77,19 +103,9 @@ class FGVC(BaseDataset):
         """Read ``{image path: class id}``; invalid JSON (named with its line
         and column), a non-mapping, an image listed twice, a non-integer or
         out-of-range label, a missing or empty image, or an empty split raise
-        naming the file."""
-        with open(self.split_file) as f:
-            try:
-                mapping = json.load(
-                    f, object_pairs_hook=_refuse_duplicate_keys(self.split_file))
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f'{self.split_file}:{error.lineno}:{error.colno}: not valid '
-                    f'JSON ({error.msg}); the file may be truncated') from None
-        if not isinstance(mapping, dict):
-            raise ValueError(f'{self.split_file}: expected a JSON object '
-                             f'{{"image path": class id}}, got a '
-                             f'{type(mapping).__name__}')
+        naming the file. A train or val split that lists images of a later
+        split (val, test) warns with the count and the first images."""
+        mapping = read_split(self.split_file)
         if not mapping:
             raise ValueError(f'{self.split_file}: the split lists no image')
         num_classes = len(self.metainfo['classes'])
@@ -107,7 +123,26 @@ class FGVC(BaseDataset):
             except FileNotFoundError as error:
                 raise FileNotFoundError(f'{error}{self._prefix_hint(path)}') from None
             data_list.append(dict(img_path=img_path, gt_label=label))
+        self._warn_split_leaks(mapping)
         return data_list
+
+    def _warn_split_leaks(self, mapping: dict) -> None:
+        """Images of this split that a later split lists too (same path, after
+        ``normpath``): the train split against val and test, val against test."""
+        own = {osp.normpath(path): path for path in mapping}
+        for other in FGVC_SPLITS[FGVC_SPLITS.index(self.split) + 1:]:
+            other_file = osp.join(osp.dirname(self.split_file), f'{other}.json')
+            if not osp.isfile(other_file):
+                continue
+            leaked = [own[key] for key in map(osp.normpath, read_split(other_file))
+                      if key in own]
+            if leaked:
+                inflated = ('the test accuracy is inflated' if other == 'test' else
+                            'the validation accuracy (and the best checkpoint chosen '
+                            'by it) is inflated')
+                warnings.warn(f'{self.split_file}: {len(leaked)} image(s) are also in '
+                              f'the {other} split {other_file}, so {inflated}; the '
+                              f'first: {", ".join(leaked[:5])}')
 
     def _prefix_hint(self, path: str) -> str:
         """What to change when a key repeats the image folder (``images/x.jpg``

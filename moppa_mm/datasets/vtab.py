@@ -4,6 +4,7 @@
     <data_root>/<task>/images/...       lines: "images/<split>/000123.jpg <label>"
 """
 import os.path as osp
+import warnings
 from collections import OrderedDict
 from typing import List, Optional
 
@@ -26,6 +27,21 @@ VTAB_GROUPS = OrderedDict([
 VTAB_TASKS = OrderedDict(
     (task, classes) for group in VTAB_GROUPS.values() for task, classes in group.items())
 VTAB_SPLITS = ('train800', 'val200', 'train800val200', 'test')
+
+
+def split_lines(split_file: str):
+    """``(line number, line)`` of a split file; a file that is not UTF-8 text
+    raises naming the file and line instead of a bare ``UnicodeDecodeError``."""
+    with open(split_file, 'rb') as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode('utf-8')
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f'{split_file}:{line_number}: not UTF-8 text ({error.reason} at '
+                    f'column {error.start + 1}); expected "<image path> <label>" '
+                    'lines') from None
+            yield line_number, line
 
 
 def check_vtab_task(data_root: str, task: str, split: str) -> str:
@@ -76,31 +92,58 @@ class VTAB1k(CustomDataset):
         raises ``ValueError`` / ``FileNotFoundError`` naming ``file:line``."""
         num_classes = len(self.metainfo['classes'])
         data_list = []
-        with open(self.ann_file) as f:
-            for line_number, line in enumerate(f, start=1):
-                where = f'{self.ann_file}:{line_number}'
-                tokens = line.split()
-                if not tokens:
-                    continue  # blank lines (a trailing newline) carry nothing
-                if len(tokens) != 2:
-                    raise ValueError(f'{where}: expected "<image path> <label>", '
-                                     f'got {line.rstrip()!r}')
-                filename, label = tokens
-                try:
-                    gt_label = int(label)
-                except ValueError:
-                    raise ValueError(f'{where}: label {label!r} is not an '
-                                     f'integer') from None
-                if not 0 <= gt_label < num_classes:
-                    raise ValueError(
-                        f'{where}: label {gt_label} is outside [0, {num_classes}) '
-                        f'for VTAB-1K task {self.task!r}')
-                img_path = osp.join(self.img_prefix, filename)
-                check_image_file(img_path, where)
-                data_list.append(dict(img_path=img_path, gt_label=gt_label))
+        first_line = {}  # image path -> its first line number
+        repeated = []  # 'line: image (first on line n)'
+        for line_number, line in split_lines(self.ann_file):
+            where = f'{self.ann_file}:{line_number}'
+            tokens = line.split()
+            if not tokens:
+                continue  # blank lines (a trailing newline) carry nothing
+            if len(tokens) != 2:
+                raise ValueError(f'{where}: expected "<image path> <label>", '
+                                 f'got {line.rstrip()!r}')
+            filename, label = tokens
+            try:
+                gt_label = int(label)
+            except ValueError:
+                raise ValueError(f'{where}: label {label!r} is not an '
+                                 f'integer') from None
+            if not 0 <= gt_label < num_classes:
+                raise ValueError(
+                    f'{where}: label {gt_label} is outside [0, {num_classes}) '
+                    f'for VTAB-1K task {self.task!r}')
+            img_path = osp.join(self.img_prefix, filename)
+            if filename in first_line:
+                repeated.append(f'line {line_number}: {filename} (first on line '
+                                f'{first_line[filename]})')
+            first_line.setdefault(filename, line_number)
+            check_image_file(img_path, where)
+            data_list.append(dict(img_path=img_path, gt_label=gt_label))
         if not data_list:
             raise ValueError(f'{self.ann_file}: the split lists no image')
+        if repeated:
+            warnings.warn(f'{self.ann_file}: {len(repeated)} line(s) repeat an image '
+                          f'of the split (it counts twice); the first: '
+                          f'{"; ".join(repeated[:5])}')
+        self._warn_test_leak(first_line)
         return data_list
+
+    def _warn_test_leak(self, images: dict) -> None:
+        """A training split that lists images of the test split (same path):
+        warn with the count and the first lines."""
+        test_file = osp.join(osp.dirname(self.ann_file), 'test.txt')
+        if self.split == 'test' or not osp.isfile(test_file):
+            return
+        leaked = []
+        for line_number, line in split_lines(test_file):
+            tokens = line.split()
+            if tokens and tokens[0] in images:
+                leaked.append(f'{tokens[0]} ({osp.basename(self.ann_file)}:'
+                              f'{images[tokens[0]]}, test.txt:{line_number})')
+        if leaked:
+            warnings.warn(f'{self.ann_file}: {len(leaked)} image(s) are also in the test '
+                          f'split {test_file}, so the test accuracy is inflated; the '
+                          f'first: {"; ".join(leaked[:5])}')
 
     @staticmethod
     def preflight(cfg: dict) -> None:

@@ -9,7 +9,6 @@ returns a backbone state dict (no prefix); :func:`save_backbone` writes it as
 ``{'state_dict': {'backbone.' + key: ...}}`` for
 ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
 """
-import os
 import os.path as osp
 import re
 import zipfile
@@ -19,6 +18,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import torch
 
+from moppa_mm.utils.atomic import atomic_torch_save
 from moppa_mm.utils.checkpoints import (CheckpointLoadError, NonFiniteCheckpointError, check_finite,
                                         is_npz, load_checkpoint_file)
 
@@ -303,9 +303,9 @@ def convert(path: str, source: str) -> 'OrderedDict[str, torch.Tensor]':
 
 
 def save_backbone(state: Dict[str, torch.Tensor], path: str, source: str = '') -> str:
-    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    torch.save({'state_dict': OrderedDict(('backbone.' + k, v) for k, v in state.items()),
-                'meta': {'converted_from': source}}, path)
+    atomic_torch_save(  # temporary file, fsync, rename: never a partial file
+        {'state_dict': OrderedDict(('backbone.' + k, v) for k, v in state.items()),
+         'meta': {'converted_from': source}}, path, what='converted checkpoint')
     return path
 
 

@@ -398,6 +398,18 @@ class MoPPAUnit(nn.Module):
             print_log(f'{key}: frequency map resized from grid '
                       f'{tuple(saved.shape[:2])} to {self.grid_size} '
                       f'({self.resize_mode}, frequency-exact)', logger='current')
+        bad = []
+        for name, _ in self.named_parameters(recurse=False):
+            value = state_dict.get(prefix + name)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                finite = torch.isfinite(value)
+                if not bool(finite.all()):
+                    bad.append(f'{prefix}{name} ({int(finite.numel() - finite.sum())} '
+                               f'of {finite.numel()})')
+        if bad:  # as the MoPPA backbones refuse them
+            raise ValueError(f'MoPPAUnit: the state dict holds NaN or infinite values in '
+                             f'{", ".join(bad)}; refused (a diverged or damaged '
+                             'checkpoint)')
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def train(self, mode: bool = True) -> 'MoPPAUnit':
@@ -429,6 +441,15 @@ class MoPPAUnit(nn.Module):
         """The inverse DCT of :meth:`filtered_spectrum` in the dtype ``forward``
         returns for an input of ``dtype``."""
         out = idct2d(spectrum)
+        if out.dtype == torch.float16 and not bool(torch.isfinite(out).all()) \
+                and bool(torch.isfinite(spectrum).all()):
+            # autocast's float16 inverse DCT: the output itself exceeds its range
+            raise FloatingPointError(
+                f'MoPPAUnit: the output exceeds float16\'s range (max |spectrum| '
+                f'{float(spectrum.abs().max()):.3g}, float16 max 65504) under '
+                'float16 autocast; the Poisson term a3 H1 / (w^2 + eta) grows as '
+                '1 / eta at the DC frequency. Use bfloat16 (--amp with '
+                "dtype='bfloat16') or float32, or a larger eta")
         return out if torch.is_autocast_enabled(out.device.type) else out.to(dtype)
 
     def filtered_spectrum(self, x: torch.Tensor) -> torch.Tensor:

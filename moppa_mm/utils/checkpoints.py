@@ -23,6 +23,7 @@ import copyreg
 import os
 import os.path as osp
 import pickle
+import struct
 import zipfile
 from collections import OrderedDict
 from typing import Any, Iterator, List, Tuple
@@ -58,8 +59,9 @@ def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
         if 'Unsupported global' not in first_line:  # e.g. "Unsupported operand 33"
             return CheckpointLoadError(
                 f'{what} {path!r} is not a checkpoint that loads safely: its bytes '
-                f'are not a pickle of tensors and plain containers ({first_line}). '
-                'Is the file corrupt, or not a PyTorch checkpoint? If it is a '
+                f'are not a pickle of tensors and plain containers ({first_line}): '
+                f'{describe_file(path)}. Is the file corrupt, or not a PyTorch '
+                'checkpoint? If it is a '
                 f'checkpoint you trust, {OPT_IN_ENV}=1 loads it with '
                 'weights_only=False.')
         return CheckpointLoadError(
@@ -76,8 +78,8 @@ def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
             f'tools/model_converters/vit_to_mmpretrain.py jax {path} DST.pth` '
             'and use DST.pth')
     return CheckpointLoadError(
-        f'{what} {path!r} could not be read; is it truncated or not a PyTorch '
-        f'checkpoint? ({type(error).__name__}: {text.strip()[:300]})')
+        f'{what} {path!r} could not be read: {describe_file(path)} '
+        f'({type(error).__name__}: {text.strip()[:300]})')
 
 
 def is_npz(path: str) -> bool:
@@ -88,6 +90,77 @@ def is_npz(path: str) -> bool:
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
     return bool(names) and all(name.endswith('.npy') for name in names)
+
+
+_MAGIC = ((b'\x89PNG', 'a PNG image'), (b'\xff\xd8\xff', 'a JPEG image'),
+          (b'\x1f\x8b', 'a gzip file'), (b'\x89HDF', 'an HDF5 file (Keras / h5py?)'),
+          (b'%PDF', 'a PDF'), (b'\x93NUMPY', 'a NumPy .npy array'),
+          (b'ELF', 'an executable'))
+
+
+def describe_file(path: str) -> str:
+    """What a file that does not load looks like, from its first bytes (and
+    its size; a link says where it points)."""
+    real = osp.realpath(path)
+    link = f'a link to {real!r}, ' if osp.islink(path) else ''
+    try:
+        size = osp.getsize(real)
+        with open(real, 'rb') as f:
+            head = f.read(256)
+    except OSError as error:
+        return f'{link}unreadable ({error.strerror})'
+    where = f'{link}{size} bytes, '
+    if not head:
+        return where + 'empty'
+    if not head.strip(b'\0'):
+        return where + ('zero bytes from the start: a file whose write was cut short '
+                        '(a kill or a full disk while it was saved) or preallocated')
+    if head.startswith(b'PK\x03\x04'):
+        if not zipfile.is_zipfile(real):
+            return where + ('the start of a zip archive (PyTorch\'s format) without its '
+                            'end: cut short, as the half-written file of a killed save '
+                            'or an incomplete download')
+        with zipfile.ZipFile(real) as archive:
+            names = archive.namelist()
+        if not any(name.endswith('data.pkl') for name in names):
+            return where + f'a zip archive that is not a PyTorch checkpoint ({names[:3]})'
+        return where + 'a PyTorch zip checkpoint'
+    if head[:1] == b'\x80':
+        return where + 'a pickle (PyTorch\'s legacy format, or another program\'s)'
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return where + name
+    try:
+        text = head.decode('utf-8')
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in '\r\n\t' for c in text):
+        first = text.splitlines()[0][:60] if text.strip() else ''
+        return where + f'a text file, starting {first!r}'
+    return where + f'binary data starting {head[:8].hex(" ")}'
+
+
+def _is_whole_checkpoint(path: str) -> bool:
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith('data.pkl') for name in archive.namelist())
+    except OSError:
+        return False
+
+
+# what torch.load raises on bytes that are not a checkpoint: a text file
+# (KeyError: 101, the byte 'e' as a pickle opcode), a link to another file
+# (IndexError), a cut-short file (OSError: [Errno 22] Invalid argument)...
+_NOT_A_CHECKPOINT = (KeyError, IndexError, ValueError, OSError, struct.error,
+                     UnicodeDecodeError, AttributeError, TypeError, OverflowError)
+
+
+def _unreadable(path: str, what: str, error: BaseException) -> CheckpointLoadError:
+    return CheckpointLoadError(
+        f'{what} {path!r} is not a checkpoint PyTorch can read: {describe_file(path)} '
+        f'({type(error).__name__}: {str(error).strip()[:200]})')
 
 
 @contextlib.contextmanager
@@ -105,6 +178,17 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error) \
                 or is_npz(path):
             raise _explain(path, what, error) from error
+        if 'legacy .tar format' in str(error) and osp.isfile(path):
+            raise _unreadable(path, what, error) from error
+        raise
+    except (FileNotFoundError, PermissionError):
+        raise
+    except _NOT_A_CHECKPOINT as error:
+        # the same exception types can come from code run inside the block
+        # (e.g. a model's init_weights): named only when the file is no whole
+        # PyTorch checkpoint
+        if osp.isfile(path) and not _is_whole_checkpoint(path):
+            raise _unreadable(path, what, error) from error
         raise
 
 

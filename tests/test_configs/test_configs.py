@@ -226,3 +226,15 @@ def test_two_lines_give_the_shipped_method(moppa, plain, scope):
     built = [MODELS.build(backbone) for backbone in (shipped, two_lines)]
     assert built[0].adapter_record() == built[1].adapter_record()
     assert built[0].parameter_breakdown() == built[1].parameter_breakdown()
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
+def test_checkpoints_are_written_atomically(path):
+    """Every config that imports moppa_mm saves through AtomicCheckpointHook
+    (a kill while saving leaves the previous checkpoint and a last_checkpoint
+    naming it: tests/test_tools/test_durability.py); the plain-mmdet baseline
+    detector does not import moppa_mm and keeps mmdet's hook."""
+    cfg = parsed(path)
+    if 'moppa_mm' not in cfg.get('custom_imports', {}).get('imports', []):
+        return
+    assert cfg.default_hooks.checkpoint.type == 'AtomicCheckpointHook'

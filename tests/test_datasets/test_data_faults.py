@@ -2,6 +2,7 @@
 annotation id) when the data set loads, before any training step."""
 import json
 import shutil
+import warnings
 
 import pytest
 
@@ -205,3 +206,81 @@ def test_preflight_names_a_missing_evaluator_annotation_file(tmp_path):
         check_config(cfg, mode='train')
     with pytest.raises(FileNotFoundError, match=r'test_evaluator\[0\].ann_file'):
         check_config(cfg, mode='test')
+
+
+def test_coco_repeated_ids(coco):
+    root, annotations = coco
+    anns, images = annotations['annotations'], annotations['images']
+    anns[1]['id'] = anns[0]['id']
+    with pytest.raises(ValueError, match=rf"train.json: 1 annotation id\(s\) used more "
+                                         rf"than once \({anns[0]['id']}\)"):
+        load_coco(root, annotations)
+    anns[1]['id'] = max(a['id'] for a in anns) + 1
+    images.append(dict(images[0]))
+    with pytest.warns(UserWarning, match=rf"1 image id\(s\) listed more than once "
+                                         rf"\({images[0]['id']}\)"):
+        load_coco(root, annotations)
+
+
+def test_coco_nested_too_deeply_names_the_file(coco):
+    root, _ = coco
+    with pytest.raises(ValueError, match=r'train.json: nested too deeply'):
+        load_coco(root, text='[' * 100000 + ']' * 100000)
+
+
+def test_vtab_repeated_train_lines_and_test_leaks_warn(tmp_path):
+    images = ('a.jpg', 'b.jpg', 'c.jpg')
+    write_task(tmp_path, 'dtd', 'test', ['images/c.jpg 2'], images=images)
+    write_task(tmp_path, 'dtd', 'train800val200',
+               ['images/a.jpg 0', 'images/b.jpg 1', 'images/a.jpg 0', 'images/c.jpg 2'],
+               images=images)
+    with pytest.warns(UserWarning) as record:
+        VTAB1k(str(tmp_path), 'dtd')
+    messages = '\n'.join(str(w.message) for w in record)
+    assert 'train800val200.txt: 1 line(s) repeat an image of the split (it counts ' \
+           'twice); the first: line 3: images/a.jpg (first on line 1)' in messages
+    assert '1 image(s) are also in the test split' in messages
+    assert 'images/c.jpg (train800val200.txt:4, test.txt:1)' in messages
+
+
+def test_fgvc_images_shared_between_splits_warn(tmp_path):
+    images = ('x/a.jpg', 'x/b.jpg', 'x/c.jpg', 'x/d.jpg')
+    write_fgvc(tmp_path, '{"x/a.jpg": 0, "x/b.jpg": 1, "x/c.jpg": 2}', images=images)
+    (tmp_path / 'val.json').write_text('{"x/b.jpg": 1, "x/d.jpg": 3}')
+    (tmp_path / 'test.json').write_text('{"./x/c.jpg": 2, "x/d.jpg": 3}')
+    with pytest.warns(UserWarning) as record:
+        FGVC(str(tmp_path), 'cub', 'train')
+    messages = '\n'.join(str(w.message) for w in record)
+    assert '1 image(s) are also in the val split' in messages
+    assert 'validation accuracy (and the best checkpoint chosen by it) is ' \
+           'inflated; the first: x/b.jpg' in messages
+    assert '1 image(s) are also in the test split' in messages
+    assert 'the test accuracy is inflated; the first: x/c.jpg' in messages
+    with pytest.warns(UserWarning, match=r'val.json: 1 image\(s\) are also in the '
+                                         r'test split .*test.json.*the first: x/d.jpg'):
+        FGVC(str(tmp_path), 'cub', 'val')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        FGVC(str(tmp_path), 'cub', 'test')
+
+
+def test_vtab_split_that_is_not_text_names_file_and_line(tmp_path):
+    write_task(tmp_path, 'dtd', 'test', ['images/a.jpg 0'])
+    with open(tmp_path / 'dtd/test.txt', 'ab') as f:
+        f.write(b'images/b.jpg \xff\xfe1\n')
+    with pytest.raises(ValueError, match=r'dtd/test.txt:2: not UTF-8 text \(invalid '
+                                         r'start byte at column 14\)'):
+        VTAB1k(str(tmp_path), 'dtd', split='test')
+
+
+@pytest.mark.parametrize('text, message', [
+    (b'{"x/a.jpg": 0, "x/b.jpg\xff": 1}',
+     r'train.json: not a UTF-8 text file \(invalid start byte at byte offset 23\)'),
+    (b'{"x/a.jpg": ' + b'[' * 100000 + b']' * 100000 + b'}',
+     r'train.json: nested too deeply to parse; not a split file'),
+])
+def test_fgvc_split_that_is_not_text_or_too_deep_names_the_file(tmp_path, text, message):
+    write_fgvc(tmp_path, '')
+    (tmp_path / 'train.json').write_bytes(text)
+    with pytest.raises(ValueError, match=message):
+        FGVC(str(tmp_path), 'cub', 'train')

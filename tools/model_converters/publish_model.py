@@ -17,13 +17,15 @@ a self-contained file, for a machine without the pre-trained file.
 """
 import argparse
 import hashlib
-import os
+import io
 import os.path as osp
+import sys
 
 import torch
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models import full_state
+from moppa_mm.utils.atomic import atomic_write
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
@@ -65,15 +67,13 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
         checkpoint['state_dict'] = merged_state_dict(checkpoint, config)
         meta.pop('adapter_only', None)
     stem = out_file[:-len('.pth')] if out_file.endswith('.pth') else out_file
-    tmp_file = stem + '.tmp.pth'
-    os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
-    torch.save(checkpoint, tmp_file)
-    sha = hashlib.sha256()
-    with open(tmp_file, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            sha.update(block)
-    final_file = f'{stem}-{sha.hexdigest()[:8]}.pth'
-    os.replace(tmp_file, final_file)
+    buffer = io.BytesIO()  # in memory first: the name needs the hash
+    torch.save(checkpoint, buffer)
+    data = buffer.getvalue()
+    final_file = f'{stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth'
+    # temporary file, fsync, rename: a full or read-only disk raises an
+    # OSError naming the file and leaves nothing behind
+    atomic_write(final_file, data, what='published checkpoint')
     return final_file
 
 
@@ -87,7 +87,10 @@ def main():
     parser.add_argument('--config', help='config to build the model with for '
                         '--merge-base (default: the one stored in the checkpoint)')
     args = parser.parse_args()
-    final_file = publish(args.in_file, args.out_file, args.merge_base, args.config)
+    try:
+        final_file = publish(args.in_file, args.out_file, args.merge_base, args.config)
+    except OSError as error:
+        sys.exit(f'publish_model.py: {error}')
     size = osp.getsize(final_file) / 2**20
     print(f'{final_file} ({size:.1f} MiB)')
 

@@ -1,0 +1,215 @@
+"""Say which values a resumed run takes from the checkpoint, not the config.
+
+``--resume`` restores the optimizer's state (its ``lr``, ``weight_decay``,
+``betas``... per parameter group) and the parameter schedulers' states (their
+``begin``/``end``/``T_max``/``milestones``...): a config whose learning rate or
+schedule was changed before resuming trains on with the old values without a
+word, while the run's length (``train_cfg``) and the data loader (batch size,
+process count) come from the new config. :class:`ResumeConfigCheckHook`
+compares the config stored in the checkpoint (``meta['cfg']``, which mmengine
+writes) with the running one and logs one warning that lists each differing
+value with both sides and which one the run uses. It refuses an optimizer of
+another type or another list of schedulers: the checkpoint's states would be
+loaded into objects they do not belong to.
+
+The stored config is read as data (literals and ``dict(...)`` calls of its
+top-level assignments, see :func:`config_values`), never executed: a
+checkpoint is a user file.
+"""
+import ast
+from typing import Any, Dict, List, Optional, Tuple
+
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+from mmengine.runner.checkpoint import find_latest_checkpoint
+
+WORLD_SIZE_KEY = 'moppa_world_size'
+
+
+class _NotALiteral(Exception):
+    pass
+
+
+_UNKNOWN = object()
+
+
+def _literal(node: ast.AST) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        values = [_literal(element) for element in node.elts]
+        return tuple(values) if isinstance(node, ast.Tuple) else values
+    if isinstance(node, ast.Dict):
+        if any(key is None for key in node.keys):  # {**other}
+            raise _NotALiteral
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd))
+            and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, (int, float))):
+        value = node.operand.value
+        return -value if isinstance(node.op, ast.USub) else value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == 'dict' and not node.args
+            and all(keyword.arg is not None for keyword in node.keywords)):
+        return {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
+    raise _NotALiteral
+
+
+def config_values(text: str) -> Dict[str, Any]:
+    """The top-level ``name = value`` assignments of a config text (as
+    mmengine's ``Config.pretty_text`` writes it) whose value is a literal or
+    ``dict(...)`` of literals; other assignments are left out. Nothing of the
+    text runs (mmengine's ``Config.fromstring`` would execute it)."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    values = {}
+    for statement in tree.body:
+        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            try:
+                values[statement.targets[0].id] = _literal(statement.value)
+            except (_NotALiteral, RecursionError, TypeError):
+                pass  # a value we cannot read without running code
+    return values
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for key in path.split('.'):
+        if not isinstance(cfg, dict) or key not in cfg:
+            return _UNKNOWN
+        cfg = cfg[key]
+    return cfg
+
+
+def _plain(value: Any) -> Any:
+    """Config objects (ConfigDict, tuples read back as lists) as comparable data."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k != '_delete_'}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _differences(key: str, before: Any, after: Any):
+    """``(key, checkpoint value, config value)`` for each differing leaf; dicts
+    and equally long lists of dicts are compared item by item."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for name in sorted(set(before) | set(after), key=str):
+            yield from _differences(f'{key}.{name}', before.get(name, '<unset>'),
+                                    after.get(name, '<unset>'))
+    elif (isinstance(before, list) and isinstance(after, list)
+          and len(before) == len(after) and before
+          and all(isinstance(item, dict) for item in before + after)):
+        for index, (old, new) in enumerate(zip(before, after)):
+            yield from _differences(f'{key}[{index}]', old, new)
+    elif before != after:
+        yield key, before, after
+
+
+def _scheduler_types(schedulers: Any) -> Optional[List[str]]:
+    if schedulers is _UNKNOWN or schedulers is None:
+        return None
+    if isinstance(schedulers, dict) and 'type' in schedulers:
+        schedulers = [schedulers]
+    if isinstance(schedulers, dict):  # one list per optimizer
+        return [f'{name}: {_scheduler_types(value)}'
+                for name, value in sorted(schedulers.items())]
+    return [str(s.get('type')) if isinstance(s, dict) else repr(s) for s in schedulers]
+
+
+# (config key, which side the resumed run uses, why)
+CHECKPOINT_WINS = 'the checkpoint\'s (restored with the optimizer state)'
+COMPARED: Tuple[Tuple[str, str], ...] = (
+    ('optim_wrapper.optimizer.lr', CHECKPOINT_WINS),
+    ('optim_wrapper.optimizer.weight_decay', CHECKPOINT_WINS),
+    ('optim_wrapper.optimizer.momentum', CHECKPOINT_WINS),
+    ('optim_wrapper.optimizer.betas', CHECKPOINT_WINS),
+    ('optim_wrapper.optimizer.eps', CHECKPOINT_WINS),
+    ('optim_wrapper.paramwise_cfg', 'the checkpoint\'s (the parameter groups\' lr and '
+     'weight decay are restored with the optimizer state)'),
+    ('param_scheduler', 'the checkpoint\'s (the schedulers\' states are restored: '
+     'begin, end, T_max, milestones, factors...)'),
+    ('train_cfg.max_epochs', 'the config\'s for the run\'s length; the learning-rate '
+     'schedule keeps the checkpoint\'s (its end and T_max)'),
+    ('train_cfg.max_iters', 'the config\'s for the run\'s length; the learning-rate '
+     'schedule keeps the checkpoint\'s (its end and T_max)'),
+    ('train_dataloader.batch_size', 'the config\'s; the learning rate restored from '
+     'the checkpoint was set for the old batch size'),
+    ('optim_wrapper.accumulative_counts', 'the config\'s; the learning rate restored '
+     'from the checkpoint was set for the old effective batch size'),
+)
+
+
+@HOOKS.register_module()
+class ResumeConfigCheckHook(Hook):
+    """On ``--resume``: warn, listing each value of the schedule, optimizer or
+    batch that differs between the checkpoint's config and the running one,
+    with both values and which one the run uses; refuse another optimizer type
+    or another list of parameter schedulers. Records the process count in each
+    checkpoint's ``meta`` to compare it too."""
+
+    priority = 'VERY_HIGH'
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint.setdefault('meta', {})[WORLD_SIZE_KEY] = runner.world_size
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not getattr(runner, '_resume', False) or getattr(runner, '_has_loaded', False):
+            return
+        meta = checkpoint.get('meta') or {}
+        text = meta.get('cfg')
+        if not isinstance(text, str):
+            runner.logger.warning(
+                'ResumeConfigCheckHook: the checkpoint stores no config; the values '
+                'it restores (optimizer and scheduler states) are not compared with '
+                'the config')
+            return
+        old, new = config_values(text), runner.cfg.to_dict()
+        source = (getattr(runner, '_load_from', None)
+                  or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
+
+        old_type = _get(old, 'optim_wrapper.optimizer.type')
+        new_type = _get(new, 'optim_wrapper.optimizer.type')
+        if _UNKNOWN not in (old_type, new_type) and old_type != new_type:
+            raise RuntimeError(
+                f'--resume from {source}: the checkpoint was trained with the '
+                f'{old_type} optimizer, the config has {new_type}; its optimizer '
+                'state cannot be resumed by another optimizer. Go back to '
+                f'optim_wrapper.optimizer.type={old_type!r}, or start from its weights '
+                'with load_from (without --resume)')
+        old_schedulers = _scheduler_types(_get(old, 'param_scheduler'))
+        new_schedulers = _scheduler_types(_get(new, 'param_scheduler'))
+        if (old_schedulers is not None and new_schedulers is not None
+                and old_schedulers != new_schedulers):
+            raise RuntimeError(
+                f'--resume from {source}: the checkpoint holds the states of the '
+                f'parameter schedulers {old_schedulers}, the config has '
+                f'{new_schedulers}; mmengine would load them pairwise into the wrong '
+                'schedulers. Go back to the checkpoint\'s param_scheduler, or start from '
+                'its weights with load_from (without --resume)')
+
+        differences = []
+        for key, winner in COMPARED:
+            before, after = _get(old, key), _get(new, key)
+            if _UNKNOWN in (before, after):
+                continue
+            for name, value, config_value in _differences(key, _plain(before),
+                                                          _plain(after)):
+                differences.append(f'  {name}: checkpoint {value!r}, config '
+                                   f'{config_value!r} -> the run uses {winner}')
+        old_world = meta.get(WORLD_SIZE_KEY)
+        if old_world is not None and old_world != runner.world_size:
+            differences.append(
+                f'  world size (processes): checkpoint {old_world}, now '
+                f'{runner.world_size} -> the run uses the current one (an effective '
+                'batch of another size); the learning rate restored from the '
+                'checkpoint was set for the old one')
+        if differences:
+            runner.logger.warning(
+                f'--resume from {source}: the config differs from the one the '
+                'checkpoint was trained with in ' + str(len(differences)) +
+                ' value(s):\n' + '\n'.join(differences) + '\nTo train with the '
+                "config's optimizer and schedule instead, start from the checkpoint's "
+                'weights with load_from=<checkpoint> (without --resume).')

@@ -1,0 +1,148 @@
+"""Durability through the real tools: a kill while a checkpoint is written
+(every config family), two runs in one work dir."""
+import os
+import os.path as osp
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import torch
+from launch import load_config  # tools/
+
+from tests.conftest import PYTHON, REPO, child_env
+from tests.test_configs.test_every_config_runs import (  # noqa: F401  fixture
+    generated, shrink_classifier, shrink_detector)
+
+FAMILIES = {
+    'vtab1k': 'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-dtd.py',
+    'fgvc': 'configs/fgvc/moppa_vit-b-p16_in21k-pre_fgvc-cub.py',
+    'imagenet': 'configs/moppa/moppa_vit-b-p16_in21k-augreg-pre_8xb64-110e_in1k.py',
+    'coco': 'configs/cascade_moppa_swin_b_coco.py',
+}
+
+
+def tiny_family_config(path, data, work_dir, max_epochs=3):
+    """The shipped config, tiny (as test_every_config_runs), a checkpoint every
+    epoch with the config's own checkpoint hook, one kept, no validation."""
+    cfg = load_config(osp.join(REPO, path), work_dir=str(work_dir),
+                      format_python_code=False)
+    if cfg.default_scope == 'mmpretrain':
+        shrink_classifier(cfg, data)
+    else:
+        shrink_detector(cfg, data)
+    cfg.train_dataloader.batch_size = 2
+    cfg.train_dataloader.num_workers = 0
+    cfg.train_dataloader.persistent_workers = False
+    cfg.train_cfg.max_epochs = max_epochs
+    cfg.train_cfg.val_interval = 100
+    cfg.default_hooks.checkpoint.update(interval=1, max_keep_ckpts=1)
+    cfg.default_hooks.logger.interval = 1
+    return cfg
+
+
+def train(config, work_dir, *extra, env=None, timeout=600):
+    return subprocess.run(
+        [PYTHON, 'tools/train.py', config, '--work-dir', str(work_dir), *extra],
+        cwd=REPO, env=env or child_env(), capture_output=True, text=True,
+        timeout=timeout)
+
+
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_kill_while_saving_leaves_a_checkpoint_to_resume(
+        generated, tmp_path, family):  # noqa: F811  the imported fixture
+    cfg = tiny_family_config(FAMILIES[family], generated, tmp_path)
+    config = osp.join(tmp_path, 'tiny.py')
+    cfg.dump(config)
+    killed_cfg = cfg.copy()
+    killed_cfg.custom_imports = dict(
+        imports=list(cfg.custom_imports.imports) + ['tests.test_tools.kill_in_write'],
+        allow_failed_imports=False)
+    killed_config = osp.join(tmp_path, 'killed.py')
+    killed_cfg.dump(killed_config)
+
+    env = child_env()
+    env['MOPPA_KILL_IN_WRITE'] = 'epoch_2.pth'
+    killed = train(killed_config, tmp_path, env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    # the run died half-way through writing epoch 2: epoch 1 is still whole
+    # and last_checkpoint names it; no partial file under a checkpoint's name
+    with open(osp.join(tmp_path, 'last_checkpoint')) as f:
+        last = f.read().strip()
+    assert osp.basename(last) == 'epoch_1.pth', last
+    assert osp.isfile(last), sorted(os.listdir(tmp_path))
+    assert torch.load(last, weights_only=True)['meta']['epoch'] == 1
+    assert not osp.exists(osp.join(tmp_path, 'epoch_2.pth'))
+
+    resumed = train(config, tmp_path, '--resume')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'removed' in resumed.stdout + resumed.stderr  # the partial file
+    names = sorted(os.listdir(tmp_path))
+    assert 'epoch_3.pth' in names and 'epoch_1.pth' not in names, names
+    assert not [n for n in names if n.endswith('.partial')], names
+    with open(osp.join(tmp_path, 'last_checkpoint')) as f:
+        assert osp.basename(f.read().strip()) == 'epoch_3.pth'
+
+
+def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
+        generated, tmp_path):  # noqa: F811  the imported fixture
+    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=1)
+    config = osp.join(tmp_path, 'tiny.py')
+    cfg.dump(config)
+    cfg.custom_imports.imports = list(cfg.custom_imports.imports) + [
+        'tests.test_tools.hold_run']
+    cfg.custom_hooks = list(cfg.custom_hooks) + [dict(type='HoldHook')]
+    held_config = osp.join(tmp_path, 'held.py')
+    cfg.dump(held_config)
+    first = subprocess.Popen(
+        [PYTHON, 'tools/train.py', held_config, '--work-dir', str(tmp_path)],
+        cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not osp.exists(osp.join(tmp_path, 'held')):
+            assert first.poll() is None and time.time() < deadline
+            time.sleep(0.5)
+        second = train(config, tmp_path)
+        assert second.returncode != 0
+        assert f'is in use by another training run (pid {first.pid} on host ' \
+               f'{socket.gethostname()}' in second.stderr, second.stderr[-3000:]
+        assert not osp.exists(osp.join(tmp_path, 'epoch_1.pth'))  # nothing written
+    finally:
+        first.kill()
+        first.wait()
+    # the killed run leaves no lock behind
+    third = train(config, tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert osp.isfile(osp.join(tmp_path, 'epoch_1.pth'))
+
+
+def test_resume_with_a_changed_config_names_what_the_checkpoint_overrides(
+        generated, tmp_path):  # noqa: F811  the imported fixture
+    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=1)
+    config = osp.join(tmp_path, 'tiny.py')
+    cfg.dump(config)
+    first = train(config, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lr = cfg.optim_wrapper.optimizer.lr
+
+    resumed = train(config, tmp_path, '--resume', '--cfg-options',
+                    f'optim_wrapper.optimizer.lr={lr * 10}', 'train_cfg.max_epochs=2')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    assert 'the config differs from the one the checkpoint was trained with in 2 ' \
+           'value(s)' in log, log[-3000:]
+    assert f'optim_wrapper.optimizer.lr: checkpoint {lr!r}, config {lr * 10!r} -> ' \
+           "the run uses the checkpoint's (restored with the optimizer state)" in log
+    assert "train_cfg.max_epochs: checkpoint 1, config 2 -> the run uses the " \
+           "config's for the run's length" in log
+    assert f'--resume from {tmp_path}/epoch_1.pth: ' in log
+    assert 'load_from=<checkpoint> (without --resume)' in log
+    assert osp.isfile(osp.join(tmp_path, 'epoch_2.pth'))
+
+    refused = train(config, tmp_path, '--resume', '--cfg-options',
+                    'optim_wrapper.optimizer.type=Adam', 'train_cfg.max_epochs=3')
+    assert refused.returncode != 0
+    assert 'the checkpoint was trained with the AdamW optimizer, the config has Adam' \
+           in refused.stderr, refused.stderr[-3000:]
+    assert not osp.exists(osp.join(tmp_path, 'epoch_3.pth'))

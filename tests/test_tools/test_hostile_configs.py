@@ -1,0 +1,54 @@
+"""Config files that would hang or crash mmengine's parsers unnamed are refused,
+naming the file, by tools/train.py and tools/test.py (tools/launch.py)."""
+import subprocess
+import time
+
+import pytest
+from launch import load_config  # tools/
+
+from tests.conftest import PYTHON, REPO, child_env
+
+
+def alias_bomb(levels, width=10):
+    """``levels`` lines of ``width`` aliases: ``width ** levels`` nodes expanded."""
+    lines = [f'a0: &a0 [{", ".join(["x"] * width)}]']
+    lines += [f'a{i}: &a{i} [{", ".join([f"*a{i - 1}"] * width)}]'
+              for i in range(1, levels)]
+    return '\n'.join(lines) + '\n'
+
+
+def test_yaml_alias_bomb_is_refused_by_train_naming_the_file(tmp_path):
+    config = tmp_path / 'bomb.yaml'
+    config.write_text('default_scope: mmpretrain\n' + alias_bomb(9))  # 1e9 nodes
+    start = time.time()
+    # mmengine copies the expanded tree node by node: ~5 us a node, hours here
+    run = subprocess.run([PYTHON, 'tools/train.py', str(config)], cwd=REPO,
+                         env=child_env(), capture_output=True, text=True, timeout=90)
+    assert run.returncode != 0
+    assert f'{config}: refused: its YAML aliases expand to more than 1,000,000 ' \
+           'nodes (line 7)' in run.stderr, run.stderr[-3000:]
+    assert time.time() - start < 60
+
+
+def test_yaml_base_file_and_deep_nesting_are_named(tmp_path):
+    (tmp_path / 'bomb.yaml').write_text(alias_bomb(7))
+    (tmp_path / 'child.yaml').write_text("_base_: ['./bomb.yaml']\nlr: 0.1\n")
+    with pytest.raises(ValueError, match=r'bomb.yaml: refused: its YAML aliases '
+                                         r'expand to more than'):
+        load_config(str(tmp_path / 'child.yaml'))
+    (tmp_path / 'deep.yml').write_text('a: ' + '[' * 100000 + ']' * 100000 + '\n')
+    with pytest.raises(ValueError, match=r'deep.yml: refused: nested more than 500 '
+                                         r'levels deep \(line 1\)'):
+        load_config(str(tmp_path / 'deep.yml'))
+    (tmp_path / 'deep.json').write_text('{"a": ' + '[' * 100000 + ']' * 100000 + '}')
+    with pytest.raises(ValueError, match=r'deep.json: nested too deeply to parse'):
+        load_config(str(tmp_path / 'deep.json'))
+
+
+def test_yaml_with_anchors_within_bounds_loads(tmp_path):
+    (tmp_path / 'base.yaml').write_text('lr: 0.1\nsizes: &s [1, 2]\n')
+    (tmp_path / 'child.yaml').write_text(
+        "_base_: ['./base.yaml']\nopt: &o {type: SGD, lr: 0.01}\nopt2: *o\n"
+        f'{alias_bomb(3)}')
+    cfg = load_config(str(tmp_path / 'child.yaml'))
+    assert cfg.lr == 0.1 and cfg.opt2.type == 'SGD' and len(cfg.a2) == 10
