@@ -118,7 +118,7 @@ def describe_file(path: str) -> str:
     if head.startswith(b'PK\x03\x04'):
         if not zipfile.is_zipfile(real):
             return where + ('the start of a zip archive (PyTorch\'s format) without its '
-                            'end: cut short, as the half-written file of a killed save '
+                            'end: truncated, as the half-written file of a killed save '
                             'or an incomplete download')
         with zipfile.ZipFile(real) as archive:
             names = archive.namelist()
