@@ -13,7 +13,8 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
-from moppa_mm.models import MoPPAConfig, full_state
+from moppa_mm.models import MoPPAConfig, full_state, read_adapter_record
+from moppa_mm.models.backbones.adapter_state import encode_record
 from moppa_mm.models.backbones.adapter_mixin import (AdapterRecordMismatchError,
                                                      PretrainedMismatchError)
 from tests.conftest import DEMO_CONFIG
@@ -66,7 +67,7 @@ def trained_classifier(tmp_path_factory):
 
 def test_adapter_checkpoint_is_small_and_says_what_it_is(trained_classifier):
     state = torch.load(trained_classifier['checkpoint'], weights_only=True)['state_dict']
-    record = state['backbone._extra_state']
+    record = read_adapter_record(state)
     assert record['backbone'] == 'MoPPAVisionTransformer'
     assert record['moppa_cfg'] == MoPPAConfig().to_dict()  # the shipped recipe
     assert record['adapters']['use_moppa'] and record['adapters']['use_scale_shift']
@@ -144,8 +145,9 @@ def test_another_base_stops(trained_classifier, tmp_path):
 def test_a_missing_recorded_base_is_named(trained_classifier, tmp_path):
     moved = dict(trained_classifier)
     checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
-    checkpoint['state_dict']['backbone._extra_state']['base']['checkpoint'] = str(
-        tmp_path / 'gone.pth')
+    record = read_adapter_record(checkpoint)
+    record['base']['checkpoint'] = str(tmp_path / 'gone.pth')
+    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
     path = str(tmp_path / 'adapter.pth')
     torch.save(checkpoint, path)
     moved['checkpoint'] = path

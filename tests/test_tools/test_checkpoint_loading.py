@@ -11,7 +11,8 @@ import torch
 from mmengine.runner import Runner, load_checkpoint
 from preflight import check_config  # tools/
 
-from moppa_mm.models import full_state
+from moppa_mm.models import full_state, read_adapter_record
+from moppa_mm.models.backbones.adapter_state import encode_record
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
@@ -47,7 +48,7 @@ def build_detector(cfg):
 def test_training_checkpoint_is_plain_and_resumes(trained, tmp_path):
     ckpt = torch.load(trained['ckpt'], weights_only=True)  # nothing but plain data
     assert 'rng_state' in ckpt['meta']
-    assert ckpt['state_dict']['backbone._extra_state']['base']['fingerprint']  # the record
+    assert read_adapter_record(ckpt)['base']['fingerprint']  # the record
     assert {'message_hub', 'optimizer', 'param_schedulers'} <= set(ckpt)
 
     cfg = tiny_detection_cfg(trained['data'], tmp_path, max_iters=3)
@@ -158,8 +159,9 @@ def test_adapter_only_checkpoint_restores_its_recorded_base(trained, tmp_path):
     for key in ('patch_embed.projection.weight', 'stages.1.blocks.0.attn.w_msa.qkv.weight'):
         torch.testing.assert_close(restored[key], expected[key])
     checkpoint = torch.load(trained['ckpt'], weights_only=True)
-    checkpoint['state_dict']['backbone._extra_state']['base']['checkpoint'] = str(
-        tmp_path / 'moved.pth')
+    record = read_adapter_record(checkpoint)
+    record['base']['checkpoint'] = str(tmp_path / 'moved.pth')
+    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
     moved = str(tmp_path / 'adapter.pth')
     torch.save(checkpoint, moved)
     with pytest.raises(PretrainedMismatchError,

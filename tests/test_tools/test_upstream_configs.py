@@ -23,6 +23,7 @@ import torch
 from moppa_mm.demo import prepare_demo
 from moppa_mm.demo_cls import prepare_cls_demo
 from moppa_mm.models.converters import convert, save_backbone
+from moppa_mm.models import read_adapter_record
 from tests.conftest import REPO, child_env
 
 MMDET_TOOLS = osp.join(osp.dirname(__import__('mmdet').__file__), '.mim', 'tools')
@@ -176,7 +177,7 @@ def assert_trained_the_method(work_dir, metric, epochs=2):
     ckpts = [osp.join(work_dir, f'epoch_{e}.pth') for e in (1, epochs)]
     first, last = (torch.load(c, weights_only=True, map_location='cpu') for c in ckpts)
     state = last['state_dict']
-    record = state['backbone._extra_state']
+    record = read_adapter_record(state)
     assert record['format'] == 'moppa_mm.adapter/1' and record['base']['fingerprint']
     assert record['heads'], 'the head shapes are recorded'
     base_keys = [k for k in state if k.startswith('backbone.') and not any(

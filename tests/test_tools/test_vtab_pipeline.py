@@ -17,6 +17,7 @@ from moppa_mm.datasets import VTAB_GROUPS, VTAB_TASKS
 from moppa_mm.demo_cls import make_vtab_task
 from moppa_mm.evaluation import vtab_table
 from moppa_mm.models.converters import save_backbone
+from moppa_mm.models import read_adapter_record
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg
 from tests.test_tools.resume import assert_same_checkpoints, kill_then_resume, train
 
@@ -83,7 +84,7 @@ def test_train_then_mmpretrain_test_tool_reproduces_accuracy(vtab_root, tmp_path
 
     ckpt_path = osp.join(work_dir, 'epoch_2.pth')
     ckpt = torch.load(ckpt_path, weights_only=False)
-    assert ckpt['state_dict']['backbone._extra_state']['base']['fingerprint']  # the record
+    assert read_adapter_record(ckpt)['base']['fingerprint']  # the record
     assert not any(k.startswith('backbone.') and 'moppa' not in k and 'ssf_' not in k
                    and k != 'backbone._extra_state' for k in ckpt['state_dict'])
     config = osp.join(work_dir, 'config.py')

@@ -26,7 +26,8 @@ from ..moppa_config import MoPPAConfig
 from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
                             AdapterRecordMismatchError, AdapterStateMixin,
-                            PretrainedMismatchError, full_state, is_adapter_key)
+                            PretrainedMismatchError, full_state, is_adapter_key,
+                            read_adapter_record)
 from .route_loss import RouteLossMixin
 
 NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
@@ -163,5 +164,5 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
 
 
 __all__ = ['AdapterMixin', 'AdapterRecordMismatchError', 'PretrainedMismatchError',
-           'full_state', 'is_adapter_key', 'adapter_patterns', 'adapter_components',
-           'ADAPTER_GROUPS', 'ADAPTER_PATTERNS']
+           'full_state', 'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
+           'adapter_components', 'ADAPTER_GROUPS', 'ADAPTER_PATTERNS']

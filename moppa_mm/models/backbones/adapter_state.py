@@ -1,8 +1,11 @@
 """What a MoPPA backbone's state dict holds, and what it accepts.
 
 * **Saving.** ``state_dict()`` holds the adapters and the *adapter record*
-  (key ``<backbone>._extra_state``): how the adapters were built and which
-  pre-trained base they were trained on, with a fingerprint of its weights.
+  (key ``<backbone>._extra_state``, a uint8 tensor of UTF-8 JSON, so that
+  every state-dict value stays a tensor for the tools that assume so:
+  :func:`read_adapter_record` decodes it): how the adapters were built and
+  which pre-trained base they were trained on, with a fingerprint of its
+  weights.
   The frozen base is left out whenever it can be restored from a file (the
   base came from a checkpoint): every tool's checkpoints are then adapter-only,
   megabytes instead of the backbone. :func:`full_state` gives the whole state
@@ -15,6 +18,7 @@
 """
 import contextlib
 import hashlib
+import json
 import os.path as osp
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -78,6 +82,37 @@ def _flatten(record: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
         else:
             flat[f'{prefix}{key}'] = _plain(value)
     return flat
+
+
+def encode_record(record: Dict[str, Any]) -> torch.Tensor:
+    """The record as a state-dict value: a uint8 tensor of UTF-8 JSON."""
+    data = json.dumps(record, sort_keys=True).encode('utf-8')
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def decode_record(value: Any) -> Optional[Dict[str, Any]]:
+    """The record from its state-dict value (None if it is not one)."""
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
+        return None
+    try:
+        record = json.loads(bytes(value.tolist()).decode('utf-8'))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_adapter_record(checkpoint: Dict[str, Any],
+                        prefix: str = 'backbone.') -> Optional[Dict[str, Any]]:
+    """The adapter record of a checkpoint (``{'state_dict': ...}``) or a state
+    dict, for the backbone under ``prefix``; None where it has none::
+
+        record = read_adapter_record(torch.load(path, weights_only=True))
+        record['moppa_cfg'], record['base']
+    """
+    state = checkpoint.get('state_dict', checkpoint)
+    return decode_record(state.get(prefix + RECORD_KEY))
 
 
 def fingerprint(tensors: Dict[str, torch.Tensor]) -> str:
@@ -188,8 +223,8 @@ class AdapterStateMixin:
     def _has_units(self) -> bool:
         return any(isinstance(m, MoPPAUnit) for m in self.modules())
 
-    def get_extra_state(self) -> Dict[str, Any]:
-        return self.adapter_record()
+    def get_extra_state(self) -> torch.Tensor:
+        return encode_record(self.adapter_record())
 
     def set_extra_state(self, state: Any) -> None:
         """The record was checked before any tensor was copied
@@ -263,7 +298,7 @@ class AdapterStateMixin:
         """
         incoming = {k[len(prefix):]: v for k, v in state_dict.items()
                     if k.startswith(prefix)}
-        record = incoming.pop(RECORD_KEY, None)
+        record = decode_record(incoming.pop(RECORD_KEY, None))
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
         check_finite(incoming, f'{name}: the state dict{where or " being loaded"}')
@@ -290,7 +325,7 @@ class AdapterStateMixin:
                           logger='current')
         # a strict load of a file without a record (a pre-trained release)
         # must not report the record as missing
-        state_dict[prefix + RECORD_KEY] = self.adapter_record()
+        state_dict[prefix + RECORD_KEY] = self.get_extra_state()
 
     def _check_shapes(self, incoming, own, where: str) -> None:
         # where the units' grid follows the image size, a frequency map
@@ -436,14 +471,16 @@ class AdapterStateMixin:
                       local_metadata) -> None:
         """State-dict hook of the parent (``parent.<name>`` is this backbone):
         the shapes of the parent's other tensors (heads, neck) join the record."""
-        record = state_dict.get(f'{prefix}{name}.{RECORD_KEY}')
-        if parent._modules.get(name) is not self or not isinstance(record, dict):
+        key = f'{prefix}{name}.{RECORD_KEY}'
+        record = decode_record(state_dict.get(key))
+        if parent._modules.get(name) is not self or record is None:
             return
         inside = f'{prefix}{name}.'
-        record['heads'] = {key[len(prefix):]: list(value.shape)
-                           for key, value in state_dict.items()
-                           if key.startswith(prefix) and not key.startswith(inside)
+        record['heads'] = {k[len(prefix):]: list(value.shape)
+                           for k, value in state_dict.items()
+                           if k.startswith(prefix) and not k.startswith(inside)
                            and isinstance(value, torch.Tensor)}
+        state_dict[key] = encode_record(record)
 
     def _check_heads(self, name: str, parent: nn.Module, state_dict, prefix: str,
                      *args) -> None:
