@@ -41,7 +41,9 @@ the MoPPA units' k, c and t moved.
 
 Time: see the section it writes (``--workers`` runs that many trainings at
 once, one thread each; ``--cache-dir`` keeps the pre-trained model for the next
-run; ``--methods`` runs a subset).
+run; ``--methods`` runs a subset). Everything runs with one thread per process:
+on a shared 2-core machine, two intra-op threads per step spent twice the CPU
+time of one.
 """
 import argparse
 import copy
@@ -483,9 +485,7 @@ def run(s: dict, methods: Optional[List[str]], log=print, cache_dir: Optional[st
         workers: int = 1, recipe: Tuple[str, str] = ('paper', 'softplus'),
         long: bool = True) -> dict:
     started = time.perf_counter()
-    torch.set_num_threads(max(workers, 1))  # one process pre-trains: all the workers' threads
-    state, pre_acc = cached_pretrain(s, cache_dir)
-    torch.set_num_threads(1)
+    state, pre_acc = cached_pretrain(s, cache_dir)  # one thread: see the docstring
     log(f'pre-trained: source train {pre_acc["train"]:.1f}%, val {pre_acc["val"]:.1f}% '
         f'({time.perf_counter() - started:.0f} s)')
     lora_rank = matched_lora_rank(s, state['vit'])
