@@ -318,7 +318,7 @@ ABLATION_MODEL_TEMPLATE = """\
     Config: {config}
     Metadata:
       Pretrain: {pretrain}
-      Ablation: {description}
+      Ablation: "{description}"
 """
 
 
