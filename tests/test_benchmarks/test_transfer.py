@@ -14,15 +14,23 @@ def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
     assert 'written by hand, kept' in text
-    for method in ('| linear probe |', '| full fine-tuning |', '| scale & shift |', 'LoRA (rank',
-                   'MoPPA units (paper init, raw heat)',
-                   'MoPPA + scale & shift (identity init, softplus heat)'):
+    for method in ('| linear probe |', '| full fine-tuning |', 'LoRA (rank',
+                   'MoPPA + scale & shift (paper init, raw heat)',
+                   'MoPPA + scale & shift (identity init, softplus heat)',
+                   '| w/o Heat (', '| w/o Wave (', '| w/o Poisson (',
+                   '| w/o MoPPA units (scale & shift', '| w/o route regularisation (',
+                   '| coef_init 0.1 (', '| wave c init 0.3 ('):
         assert method in text, method
     rows = [line for line in text.splitlines() if line.startswith('| ') and '---' not in line]
-    assert len(rows) == 1 + 4 + 8  # header, four baselines, eight MoPPA variants
+    # header, three baselines, four init x heat pairs, five ablations, two wave starts
+    assert len(rows) == 1 + 3 + 4 + 5 + 2
+    assert '2 steps: lr' in rows[0] and '4 steps: lr' in rows[0]  # both budgets
     # the identity init leaves the pre-trained features exactly where they were
     identity = [r for r in rows if 'identity init' in r]
     assert all('| 0.0% |' in r for r in identity), identity
+    # the units' parameters are tracked: the full recipe moves all of them
+    (paper, ) = [r for r in rows if '(paper init, raw heat)' in r]
+    assert all(f'{key} ' in paper.split(' | ')[-1] for key in ('k', 't_heat', 'c', 't_wave'))
     # a second run replaces the section instead of appending one
     subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--methods', 'linear',
                     '--out', str(out)], cwd=REPO, env=child_env(), check=True,

@@ -30,10 +30,20 @@ BASELINES = ('linear_', 'full_', 'ssf_', 'lora_')
 # the baselines run on one VTAB-1K task and one FGVC data set each (their
 # configs differ only in the task: tests/test_configs/test_baselines.py)
 BASELINE_SAMPLE = ('vtab1k-dtd.py', 'fgvc-cub.py')
+# the VTAB-1K ablations (configs/vtab1k/ablation/) run on one task each too:
+# each is the shipped per-task config with one backbone option changed
+ABLATION_SAMPLE = 'vtab1k-dtd.py'
+
+
+def _sampled(path: str) -> bool:
+    if osp.basename(osp.dirname(path)) == 'ablation':
+        return path.endswith(ABLATION_SAMPLE)
+    return not osp.basename(path).startswith(BASELINES) or path.endswith(BASELINE_SAMPLE)
+
+
 CONFIGS = sorted(
     path for path in glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)
-    if '_base_' not in path.split(os.sep)
-    and (not osp.basename(path).startswith(BASELINES) or path.endswith(BASELINE_SAMPLE)))
+    if '_base_' not in path.split(os.sep) and _sampled(path))
 VIT_ARCH = dict(embed_dims=32, num_layers=2, num_heads=2, feedforward_channels=64)
 SWIN_ARCH = dict(embed_dims=16, depths=[2, 2], num_heads=[1, 2])  # 32 output dims
 SHAPES = ('square', 'circle', 'triangle')
@@ -43,8 +53,9 @@ def test_every_family_is_covered():
     names = [osp.relpath(c, REPO) for c in CONFIGS
              if not osp.basename(c).startswith(BASELINES)]
     assert len(CONFIGS) - len(names) == len(BASELINES) * len(BASELINE_SAMPLE)
-    # VTAB-1K ViT-B, Swin-B, ViT-L; FGVC; ImageNet; COCO; the two demos
-    assert len(names) == 57 + 19 + 19 + 10 + 1 + 3 + 2
+    # VTAB-1K ViT-B, Swin-B, ViT-L; FGVC; ImageNet; COCO; the two demos; the
+    # five VTAB-1K ablations on one task
+    assert len(names) == 57 + 19 + 19 + 10 + 1 + 3 + 2 + 5
     assert 'configs/moppa/moppa_vit-b-p16_in21k-augreg-pre_8xb64-110e_in1k.py' in names
 
 
