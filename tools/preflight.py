@@ -202,6 +202,23 @@ def _moppa_backbones(node, where: str = 'model') -> Iterator[Tuple[str, type, di
             yield from _moppa_backbones(value, f'{where}[{i}]')
 
 
+def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> None:
+    """A MoPPA adapter checkpoint (it holds an adapter record) given to a model
+    without a MoPPA backbone would leave that backbone random: the adapter-only
+    file lacks it, and a plain backbone does not know where to take it from."""
+    from moppa_mm.models.backbones.adapter_state import RECORD_KEY, decode_record
+    state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+    records = [key for key, value in state.items()
+               if key.endswith(RECORD_KEY) and decode_record(value) is not None]
+    if records and not list(_moppa_backbones(cfg.get('model') or {})):
+        backbone = decode_record(state[records[0]]).get('backbone')
+        raise ValueError(
+            f'the checkpoint {where} = {path!r} is a MoPPA adapter checkpoint (of a '
+            f'{backbone}, {records[0]!r}), but the config\'s model has no MoPPA '
+            'backbone: its backbone would run on random weights. Use the config it '
+            f'was trained with, or set model.backbone.type={backbone!r}.')
+
+
 def _check_moved_options(cfg) -> None:
     """Options that moved into the model: a config that still sets them would
     train without them, silently."""
@@ -330,6 +347,8 @@ def check_config(cfg, mode: str = 'train') -> None:
         checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
         if prefix:  # a release not converted to the prefixed keys
             check_converted(path, checkpoint, prefix, where)
+        else:
+            _check_adapter_checkpoint_fits(cfg, where, path, checkpoint)
     _check_moved_options(cfg)
     for where, ds in _datasets(cfg, mode):
         preflight = _dataset_method(ds.get('type'), 'preflight')

@@ -231,3 +231,58 @@ def test_old_checkpoint_without_a_record_still_loads(trained_classifier, tmp_pat
     model = build(classifier_cfg(trained_classifier['pretrained']))
     load_checkpoint(model, path, map_location='cpu')
     assert osp.isfile(path) and os.path.getsize(path) > 0
+
+
+def test_new_task_from_adapters_with_the_override(trained_classifier):
+    """strict_adapter_record=False: the adapters load, heads of another size
+    start anew (a warning instead of the stop)."""
+    cfg = classifier_cfg(strict_adapter_record=False)
+    cfg['head']['num_classes'] = 7
+    model = build(cfg)
+    head = model.head.layers.head.weight.clone()
+    load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+    torch.testing.assert_close(model.head.layers.head.weight, head)  # kept its init
+    trained = trained_classifier['model'].backbone.layers[0].moppa.gate
+    torch.testing.assert_close(model.backbone.layers[0].moppa.gate, trained)
+
+
+def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):
+    import shutil
+    base = str(tmp_path / 'vit_base.pth')
+    shutil.copy(trained_classifier['pretrained'], base)
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    record = read_adapter_record(checkpoint)
+    record['base']['checkpoint'] = base
+    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
+    path = str(tmp_path / 'adapter.pth')
+    torch.save(checkpoint, path)
+    state = torch.load(base, weights_only=True)
+    state['state_dict']['backbone.ln1.weight'] += 1
+    torch.save(state, base)  # the same path, other weights
+    with pytest.raises(AdapterRecordMismatchError, match='has changed since the adapters'):
+        load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
+
+
+def test_a_configured_base_that_is_gone_too_is_named(trained_classifier, tmp_path):
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    record = read_adapter_record(checkpoint)
+    record['base']['checkpoint'] = str(tmp_path / 'gone.pth')
+    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
+    path = str(tmp_path / 'adapter.pth')
+    torch.save(checkpoint, path)
+    with pytest.raises(PretrainedMismatchError,
+                       match=r"(?s)gone.pth' does not exist.*moved.pth' does not exist "
+                       'either.*--merge-base'):
+        load_checkpoint(build(classifier_cfg(str(tmp_path / 'moved.pth'))), path,
+                        map_location='cpu')
+
+
+def test_an_adapter_checkpoint_for_a_plain_model_is_refused(trained_classifier):
+    from mmengine.config import Config as MMConfig
+    from preflight import check_config  # tools/
+    cfg = classifier_cfg()
+    cfg['backbone']['type'] = 'VisionTransformer'
+    cfg = MMConfig(dict(model=cfg, load_from=trained_classifier['checkpoint']))
+    with pytest.raises(ValueError, match=r"MoPPA adapter checkpoint.*no MoPPA\s+backbone"
+                       r"|MoPPA adapter checkpoint.*no MoPPA backbone"):
+        check_config(cfg, mode='test')

@@ -399,7 +399,16 @@ class AdapterStateMixin:
         if self._base is None:
             self._restore_base(recorded_base, where)
         expected = recorded_base.get('fingerprint')
-        if expected and self._base.get('fingerprint') != expected:
+        if expected and self._base.get('fingerprint') != expected \
+                and recorded_base.get('checkpoint') == self._base.get('checkpoint'):
+            self._stop_or_warn(
+                f'{name}: the pre-trained file {self._base.get("checkpoint")!r} has changed '
+                f'since the adapters{where} were trained on it (fingerprint {expected} '
+                f'then, {self._base.get("fingerprint")} now): adapters on another base '
+                'give wrong outputs. Restore the original file, or make a '
+                'self-contained checkpoint where it still is (publish_model.py '
+                '--merge-base).')
+        elif expected and self._base.get('fingerprint') != expected:
             self._stop_or_warn(
                 f'{name}: the adapters{where} were trained on the pre-trained base '
                 f'{recorded_base.get("checkpoint")!r} (fingerprint {expected}), but '
@@ -439,15 +448,17 @@ class AdapterStateMixin:
         recorded_file = recorded.get('checkpoint')
         if recorded_file and (_is_url(recorded_file) or osp.isfile(recorded_file)):
             source, prefix = recorded_file, recorded.get('prefix')
-        elif configured:
+        elif configured and (_is_url(configured) or osp.isfile(configured)):
             source, prefix = configured, init_cfg.get('prefix')
         else:
             named = (f'the recorded base {recorded_file!r} does not exist here, and '
                      if recorded_file else 'it records no base file, and ')
+            configured_text = (f'model.backbone.init_cfg.checkpoint = {configured!r} does '
+                               'not exist either' if configured else 'model.backbone.init_cfg '
+                               'names no Pretrained checkpoint to take them from')
             raise PretrainedMismatchError(
                 f'{name}: the checkpoint{where} is adapter-only: it does not hold '
-                f'the frozen pre-trained weights; {named}model.backbone.init_cfg '
-                'names no Pretrained checkpoint to take them from. Set '
+                f'the frozen pre-trained weights; {named}{configured_text}. Set '
                 'model.backbone.init_cfg=dict(type=\'Pretrained\', checkpoint=...) '
                 'to the base it was trained on, or make a self-contained checkpoint '
                 'with tools/model_converters/publish_model.py --merge-base.')
@@ -500,10 +511,21 @@ class AdapterStateMixin:
             for key, value in own.items() if not key.startswith(f'{name}.')
             and isinstance(state_dict.get(prefix + key), torch.Tensor)
             and state_dict[prefix + key].shape != value.shape]
-        if mismatched:
-            where = f' {self._checkpoint_source!r}' if self._checkpoint_source else ''
+        if not mismatched:
+            return
+        where = f' {self._checkpoint_source!r}' if self._checkpoint_source else ''
+        message = (f'{type(parent).__name__}: the adapter checkpoint{where} does not fit '
+                   f'the model around its backbone; {len(mismatched)} tensors differ: '
+                   f'{_few(mismatched, 3)}. Is it a checkpoint of another task (another '
+                   'number of classes)? Its head would stay random.')
+        if self.strict_adapter_record:
             raise PretrainedMismatchError(
-                f'{type(parent).__name__}: the adapter checkpoint{where} does not fit '
-                f'the model around its backbone; {len(mismatched)} tensors differ: '
-                f'{_few(mismatched, 3)}. Is it a checkpoint of another task (another '
-                'number of classes)? Its head would stay random.')
+                message + ' To start a new task from these adapters, set '
+                'model.backbone.strict_adapter_record=False (the heads then start anew).')
+        print_log(message + ' (strict_adapter_record=False: the adapters load, the '
+                  'mismatched heads start anew)', logger='current', level=30)
+        for key, value in own.items():
+            if state_dict.get(prefix + key) is not None and not key.startswith(f'{name}.') \
+                    and isinstance(state_dict[prefix + key], torch.Tensor) \
+                    and state_dict[prefix + key].shape != value.shape:
+                del state_dict[prefix + key]
