@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from cpu_distributed import setup_distributed  # tools/
@@ -165,17 +166,28 @@ def test_import_only_registers():
     assert 'only registered' in result.stdout
 
 
-def test_mmengine_loader_refuses_objects(tmp_path):
+class _NotAllowed:
+    pass
+
+
+def test_mmengine_loader_reads_runner_checkpoints_and_refuses_other_objects(tmp_path):
+    """With moppa_mm imported, mmengine's loader (torch's weights_only default)
+    reads what a Runner saves (HistoryBuffer, numpy); any other object stays
+    refused."""
     from mmengine.runner.checkpoint import CheckpointLoader
 
     import moppa_mm  # noqa: F401
     buffer = HistoryBuffer()
     buffer.update(1.5)
     runner_ckpt = tmp_path / 'iter_2.pth'
-    torch.save({'state_dict': {}, 'message_hub': {'log_scalars': {'loss': buffer}}},
-               runner_ckpt)
+    torch.save({'state_dict': {}, 'message_hub': {'log_scalars': {'loss': buffer}},
+                'meta': {'seed': np.int64(3), 'rng': np.random.get_state()}}, runner_ckpt)
+    loaded = CheckpointLoader.load_checkpoint(str(runner_ckpt))
+    assert loaded['message_hub']['log_scalars']['loss'].current() == 1.5
+    other = tmp_path / 'other.pth'
+    torch.save({'state_dict': {}, 'meta': {'x': _NotAllowed()}}, other)
     with pytest.raises(pickle.UnpicklingError):
-        CheckpointLoader.load_checkpoint(str(runner_ckpt))
+        CheckpointLoader.load_checkpoint(str(other))
 
 
 def test_cpu_distributed_setup(monkeypatch):

@@ -124,6 +124,18 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         pre-trained checkpoint name the file; an unconverted release (no keys
         under ``init_cfg.prefix``) is named with its converter command. Logs
         the parameter table."""
+        # the base classes' own init reads self.state_dict() whole (mmdet's Swin
+        # resizes its position-bias tables against it)
+        full, self._full_state = self._full_state, True
+        try:
+            self._init_base_weights()
+        finally:
+            self._full_state = full
+        for module in self._adapters():
+            module.reset_parameters()
+        print_log('\n' + self.parameter_report(), logger='current')
+
+    def _init_base_weights(self) -> None:
         init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
         checkpoint = init_cfg.get('checkpoint') if init_cfg.get('type') == 'Pretrained' \
             else None
@@ -144,9 +156,6 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                 raise
             finally:
                 self._checkpoint_source = self._checkpoint_prefix = None
-        for module in self._adapters():
-            module.reset_parameters()
-        print_log('\n' + self.parameter_report(), logger='current')
 
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
         return ADAPTER_GROUPS + (('pretrained', ('*', ), self.PRETRAINED_LABEL), )

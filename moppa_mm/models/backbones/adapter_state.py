@@ -260,9 +260,14 @@ class AdapterStateMixin:
     @property
     def saves_adapters_only(self) -> bool:
         """Whether ``state_dict()`` leaves the frozen base out: when the base
-        came from a file the record names (it can be restored), and outside
-        :func:`full_state`."""
-        return not self._full_state and bool(self._base and self._base.get('checkpoint'))
+        can be restored from a file (the one it came from, or ``init_cfg``'s:
+        a copy made before the base was loaded, as mmengine's EMA model, saves
+        as the model does), and outside :func:`full_state`."""
+        if self._full_state:
+            return False
+        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
+        configured = init_cfg.get('type') == 'Pretrained' and init_cfg.get('checkpoint')
+        return bool((self._base and self._base.get('checkpoint')) or configured)
 
     def _leave_out_frozen_base(self, module, state_dict, prefix, local_metadata):
         if self.saves_adapters_only:

@@ -55,7 +55,7 @@ def test_state_keys_and_parameter_order_are_those_of_the_hook_based_wiring(name)
     other = build()
     other.load_state_dict(state)  # strict
     for key, value in other.state_dict().items():
-        if isinstance(value, torch.Tensor):
+        if key != '_extra_state':  # the record: now names the loaded base
             torch.testing.assert_close(value, state[key], atol=0, rtol=0, msg=key)
 
 
