@@ -41,6 +41,18 @@ def build(cfg, scope='mmpretrain'):
     return MODELS.build(copy.deepcopy(cfg))
 
 
+def with_recorded_base(checkpoint_path, base, tmp_path):
+    """A copy of the adapter checkpoint whose record names ``base`` as the
+    pre-trained file it was trained on."""
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    record = read_adapter_record(checkpoint)
+    record['base']['checkpoint'] = str(base)
+    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
+    path = str(tmp_path / 'adapter.pth')
+    torch.save(checkpoint, path)
+    return path
+
+
 @pytest.fixture(scope='module')
 def trained_classifier(tmp_path_factory):
     """A pre-trained base file, and the adapter-only checkpoint of a
@@ -143,14 +155,8 @@ def test_another_base_stops(trained_classifier, tmp_path):
 
 
 def test_a_missing_recorded_base_is_named(trained_classifier, tmp_path):
-    moved = dict(trained_classifier)
-    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
-    record = read_adapter_record(checkpoint)
-    record['base']['checkpoint'] = str(tmp_path / 'gone.pth')
-    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
-    path = str(tmp_path / 'adapter.pth')
-    torch.save(checkpoint, path)
-    moved['checkpoint'] = path
+    path = with_recorded_base(trained_classifier['checkpoint'], tmp_path / 'gone.pth',
+                              tmp_path)
     with pytest.raises(PretrainedMismatchError,
                        match=r"(?s)recorded base '.*gone.pth' does not exist.*--merge-base"):
         load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
@@ -250,12 +256,7 @@ def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):
     import shutil
     base = str(tmp_path / 'vit_base.pth')
     shutil.copy(trained_classifier['pretrained'], base)
-    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
-    record = read_adapter_record(checkpoint)
-    record['base']['checkpoint'] = base
-    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
-    path = str(tmp_path / 'adapter.pth')
-    torch.save(checkpoint, path)
+    path = with_recorded_base(trained_classifier['checkpoint'], base, tmp_path)
     state = torch.load(base, weights_only=True)
     state['state_dict']['backbone.ln1.weight'] += 1
     torch.save(state, base)  # the same path, other weights
@@ -264,12 +265,8 @@ def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):
 
 
 def test_a_configured_base_that_is_gone_too_is_named(trained_classifier, tmp_path):
-    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
-    record = read_adapter_record(checkpoint)
-    record['base']['checkpoint'] = str(tmp_path / 'gone.pth')
-    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
-    path = str(tmp_path / 'adapter.pth')
-    torch.save(checkpoint, path)
+    path = with_recorded_base(trained_classifier['checkpoint'], tmp_path / 'gone.pth',
+                              tmp_path)
     with pytest.raises(PretrainedMismatchError,
                        match=r"(?s)gone.pth' does not exist.*moved.pth' does not exist "
                        'either.*--merge-base'):
