@@ -25,6 +25,8 @@ from typing import Dict, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from .tracing import is_capturing
+
 KRON_MAX_TOKENS = 64  # measured crossover on CPU: 8x8 kron wins, 10x10 loses
 
 _BASES: Dict[Tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
@@ -236,10 +238,12 @@ def _check_tokens(tokens: torch.Tensor, num_prefix: int, grid) -> None:
 
 
 def _fused_ok(*tensors: torch.Tensor) -> bool:
-    """Whether the matmuls run in the tensors' own dtype (no autocast, one
-    dtype): the fused sequence functions need that."""
+    """Whether the fused sequence functions apply: the matmuls run in the
+    tensors' own dtype (no autocast, one dtype), and the forward is run, not
+    captured into a graph (:func:`~.tracing.is_capturing`: a compiler or an
+    exporter gets the plain split and concatenation, which it fuses itself)."""
     return len({t.dtype for t in tensors}) == 1 and \
-        not torch.is_autocast_enabled(tensors[0].device.type)
+        not torch.is_autocast_enabled(tensors[0].device.type) and not is_capturing()
 
 
 def dct2d_of_suffix(tokens: torch.Tensor, num_prefix: int, grid: Tuple[int, int],
@@ -250,7 +254,8 @@ def dct2d_of_suffix(tokens: torch.Tensor, num_prefix: int, grid: Tuple[int, int]
 
     The DCT reads the grid in place, and the backward writes the sequence's
     gradient as one tensor, where a split's backward would concatenate.
-    Under autocast it is the plain split and :func:`dct2d`.
+    Under autocast, and while a graph is captured, it is the plain split and
+    :func:`dct2d`.
     """
     _check_tokens(tokens, num_prefix, grid)
     batch, _, channels = tokens.shape
@@ -269,8 +274,8 @@ def idct2d_after_prefix(spectrum: torch.Tensor, prefix: torch.Tensor,
     inverse DCT of a (B, H, W, C) grid written behind ``prefix`` (B, E, C)
     tokens, the last matmul writing into the sequence in place of a copy.
 
-    Where the two dtypes differ or autocast is on, it is the plain
-    concatenation (which promotes to the wider dtype).
+    Where the two dtypes differ or autocast is on, and while a graph is
+    captured, it is the plain concatenation (which promotes to the wider dtype).
     """
     _check_channel_last(spectrum)
     if spectrum.dim() != 4 or prefix.dim() != 3 or \

@@ -25,7 +25,10 @@ Two options depart from the paper where it misbehaves in fine-tuning:
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
 filter multiply and ONE additive field in the DCT domain. The filter and field do
 not depend on ``X``; in eval mode they are built once and reused until a
-parameter changes.
+parameter changes (an in-place update, a load, a move to another device or
+dtype, or a switch of train / eval mode; :meth:`MoPPAUnit.clear_cache` for
+anything else, e.g. assigning ``param.data``). A compiler or exporter capturing
+the forward gets the plain computation, no cache.
 """
 from typing import Optional, Sequence, Tuple, Union
 
@@ -36,6 +39,7 @@ from mmengine.logging import print_log
 from torch.autograd.function import once_differentiable
 
 from .dct import dct2d, dct_frequencies, idct2d
+from .tracing import is_capturing
 
 EXPERTS = ('heat', 'wave', 'poisson')
 INIT_MODES = ('paper', 'identity')
@@ -367,9 +371,19 @@ class MoPPAUnit(nn.Module):
 
     def _param_state(self, size, device, dtype) -> tuple:
         """Identifies the parameters' current values: any in-place update (an
-        optimizer step, ``load_state_dict``) bumps a tensor's ``_version``."""
-        return (size, device, dtype) + tuple(
-            (p.data_ptr(), p._version) for p in self.parameters())
+        optimizer step) bumps a tensor's ``_version``; what replaces a tensor
+        (a load, ``.to()``, a switch of mode) clears the cache itself."""
+        return (size, device, dtype) + tuple(p._version for p in self.parameters())
+
+    def clear_cache(self) -> None:
+        """Forget the eval-mode filter and field. Loading, moving the unit and
+        switching its mode do this; call it after replacing a parameter's
+        tensor by other means (``param.data = ...``)."""
+        self._eval_cache = None
+
+    def _apply(self, fn, recurse=True):  # .to(), .half(), .cuda(): new tensors
+        self._eval_cache = None
+        return super()._apply(fn, recurse)
 
     def _cached_filter_and_field(self, size, device, dtype):
         state = self._param_state(size, device, dtype)
@@ -410,6 +424,7 @@ class MoPPAUnit(nn.Module):
             raise ValueError(f'MoPPAUnit: the state dict holds NaN or infinite values in '
                              f'{", ".join(bad)}; refused (a diverged or damaged '
                              'checkpoint)')
+        self._eval_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def train(self, mode: bool = True) -> 'MoPPAUnit':
@@ -441,7 +456,8 @@ class MoPPAUnit(nn.Module):
         """The inverse DCT of :meth:`filtered_spectrum` in the dtype ``forward``
         returns for an input of ``dtype``."""
         out = idct2d(spectrum)
-        if out.dtype == torch.float16 and not bool(torch.isfinite(out).all()) \
+        if out.dtype == torch.float16 and not is_capturing() \
+                and not bool(torch.isfinite(out).all()) \
                 and bool(torch.isfinite(spectrum).all()):
             # autocast's float16 inverse DCT: the output itself exceeds its range
             raise FloatingPointError(
@@ -465,7 +481,8 @@ class MoPPAUnit(nn.Module):
         self._check_input(spectrum)
         size = (spectrum.shape[-3], spectrum.shape[-2])
         dtype = self.filter_dtype(spectrum.dtype)
-        use_cache = not self.training and not (
+        capturing = is_capturing()
+        use_cache = not self.training and not capturing and not (
             torch.is_grad_enabled() and self.route_logits.requires_grad)
         with torch.autocast(spectrum.device.type, enabled=False):
             if use_cache:
@@ -473,7 +490,7 @@ class MoPPAUnit(nn.Module):
                     size, spectrum.device, dtype)
             else:
                 spectral_filter, field = self.filter_and_field(size, spectrum.device, dtype)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not capturing:
             return _SpectralFilter.apply(spectrum, spectral_filter, field)
         return torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
 

@@ -18,6 +18,7 @@ from mmengine.logging import print_log
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.params import parameter_table, set_trainable
 from ..converters import check_converted
@@ -89,7 +90,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         """Before a forward that will need gradients: the fused scale & shift
         layers' scale-floor checks, all at once (one device read-back per
         optimizer step instead of one per layer)."""
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not is_capturing():
             check_scale_floors(self._scale_shifts)
 
     def _adapters(self):

@@ -19,6 +19,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from mmcv.cnn.bricks.drop import DropPath
 from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.models.backbones.vision_transformer import TransformerEncoderLayer
 from mmpretrain.models.utils import resize_pos_embed
@@ -154,6 +155,9 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                 attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
         if use_scale_shift:
             scale_shift_projection(self.patch_embed, self.embed_dims)
+        for module in self.modules():  # numpy rates (np.linspace) break dynamo's
+            if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
+                module.drop_prob = float(module.drop_prob)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record)
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too

@@ -4,6 +4,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from moppa_mm.operators.tracing import is_capturing
+
 
 class ConvAdapter(nn.Module):
     """Residual bottleneck with a 3x3 convolution, on channel-last tokens.
@@ -58,7 +60,7 @@ class ConvAdapter(nn.Module):
         Gradients reach ``x`` (and through it the norm) and the adapter's own
         parameters exactly as with :meth:`forward`.
         """
-        if not torch.is_grad_enabled() or not isinstance(norm, nn.LayerNorm) or \
+        if not torch.is_grad_enabled() or is_capturing() or not isinstance(norm, nn.LayerNorm) or \
                 type(norm).forward is not nn.LayerNorm.forward:
             return self.forward(x)  # only a plain LayerNorm can be recomputed
         if type(self.act) is not nn.GELU or self.act.approximate != 'none':

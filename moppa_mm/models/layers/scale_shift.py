@@ -20,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from moppa_mm.operators.tracing import is_capturing
+
 # The fused linear path recovers the layer's raw output from its scaled one,
 # ``x = (y - shift) / scale``; a scale this close to 0 would lose digits there,
 # so such a layer takes the plain path (which keeps ``x`` itself).
@@ -121,7 +123,7 @@ class ScaleShift(nn.Module):
         self.offset = offset
         self.scale = nn.Parameter(torch.ones(dims))
         self.shift = nn.Parameter(torch.zeros(dims))
-        self._floor_check = (None, False)  # ((data_ptr, _version), scale >= floor)
+        self._floor_check = (None, False)  # (scale's _version, scale >= floor)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.scale)
@@ -141,8 +143,21 @@ class ScaleShift(nn.Module):
         shape[self.channel_dim] = channels
         return torch.addcmul(shift.view(shape), x, scale.view(shape))
 
-    def _scale_state(self) -> tuple:
-        return self.scale.data_ptr(), self.scale._version
+    def _scale_state(self) -> int:
+        """The scale's version: an in-place update bumps it; a load or a move
+        (which replace the tensor) forget the check themselves."""
+        return self.scale._version
+
+    def _forget_floor_check(self) -> None:
+        self._floor_check = (None, False)
+
+    def _apply(self, fn, recurse=True):
+        self._forget_floor_check()
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._forget_floor_check()
+        super()._load_from_state_dict(*args, **kwargs)
 
     def _scale_clear_of_zero(self) -> bool:
         """``|scale| >= SCALE_FLOOR`` everywhere; checked once per value of the
@@ -229,6 +244,8 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
                 inputs.requires_grad or scale_shift.scale.requires_grad
                 or scale_shift.shift.requires_grad):
             return self._forward_without_backward(inputs)
+        if is_capturing():  # a graph compiler fuses the plain form itself
+            return scale_shift(F.linear(inputs, self.weight, self.bias))
         frozen = not self.weight.requires_grad and (
             self.bias is None or not self.bias.requires_grad)
         if frozen and scale_shift.channel_dim in (-1, inputs.dim() - 1) and \
