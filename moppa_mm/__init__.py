@@ -58,3 +58,4 @@ def _allow_runner_checkpoints() -> None:
 _allow_runner_checkpoints()
 
 from .version import __version__  # noqa: E402,F401
+from .models import merge_adapters  # noqa: E402,F401

@@ -267,6 +267,7 @@ class MoPPAUnit(nn.Module):
         ``init_mode='identity'``) a zero gate. With ``heat_param='softplus'``
         the stored heat parameters are the softplus inverses of the same k, t
         (k drawn at least ``1e-4 coef_init`` so its inverse stays finite)."""
+        self._refuse_if_merged('has no parameters to reset')
         with torch.no_grad():
             for name in ('heat_coef', 'wave_coef'):
                 if hasattr(self, name):
@@ -289,11 +290,18 @@ class MoPPAUnit(nn.Module):
     # ------------------------------------------------------------------ router
     def route_weights(self) -> torch.Tensor:
         """``a = softmax(lambda)``, one weight per expert in use."""
+        self._refuse_if_merged('has no router')
         return self.route_logits.softmax(dim=0)
+
+    def _refuse_if_merged(self, what: str) -> None:
+        if self.merged:
+            raise RuntimeError(f'MoPPAUnit: merged for inference (merge_adapters), it '
+                               f'{what}: train or analyse the model before merging it')
 
     def route_regularization(self) -> torch.Tensor:
         """``L_reg = sum_i a_i log a_i`` (paper Eq. 12): the negative entropy of
         the router, minimal when the experts are used evenly."""
+        self._refuse_if_merged('has no router to regularise')
         return (self.route_logits.softmax(0) *
                 self.route_logits.log_softmax(0)).sum()
 
@@ -437,8 +445,41 @@ class MoPPAUnit(nn.Module):
         ``dtype``: float32 at least. In float16 ``a3 / (w^2 + eta)`` overflows
         for ``eta`` below ~2e-5 and ``exp``/``cos`` lose most digits, so a half
         precision input (or autocast) only changes the DCTs, never the filter."""
-        return torch.promote_types(
-            torch.promote_types(dtype, self.route_logits.dtype), torch.float32)
+        own = self.merged_filter.dtype if self.merged else self.route_logits.dtype
+        return torch.promote_types(torch.promote_types(dtype, own), torch.float32)
+
+    # ----------------------------------------------------------------- merging
+    merged = False
+
+    def merge_(self) -> 'MoPPAUnit':
+        """Replace the parameters with the filter and field they give on the
+        reference grid (``merged_filter`` and ``merged_field`` buffers, (H, W, C),
+        float32 at least): the unit becomes a constant spectral multiply-add
+        between its two DCTs, for inference. One-way: the parameters are gone
+        (the router, the experts' k, c, t, the source); inputs on another grid
+        are refused. Returns the unit."""
+        if self.merged:
+            return self
+        dtype = torch.promote_types(self.route_logits.dtype, torch.float32)
+        with torch.no_grad():
+            spectral_filter, field = self.filter_and_field(
+                self.grid_size, self.route_logits.device, dtype)
+        for name, _ in list(self.named_parameters(recurse=False)):
+            delattr(self, name)
+        self.register_buffer('merged_filter', spectral_filter.contiguous())
+        self.register_buffer('merged_field', field.contiguous())
+        self.merged = True
+        self._eval_cache = None
+        return self
+
+    def _merged_filter_and_field(self, size, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        if tuple(size) != tuple(self.grid_size):
+            raise ValueError(
+                f'MoPPAUnit: merged for its reference grid {tuple(self.grid_size)}, '
+                f'got an input on the grid {tuple(size)}. A merged unit holds the '
+                'filter of one grid: merge a model built for this input size '
+                '(e.g. img_size), or run the unmerged model')
+        return self.merged_filter.to(dtype), self.merged_field.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: (..., H, W, C), channel-last. Returns the same shape, in the
@@ -482,10 +523,12 @@ class MoPPAUnit(nn.Module):
         size = (spectrum.shape[-3], spectrum.shape[-2])
         dtype = self.filter_dtype(spectrum.dtype)
         capturing = is_capturing()
-        use_cache = not self.training and not capturing and not (
+        use_cache = not self.training and not capturing and not self.merged and not (
             torch.is_grad_enabled() and self.route_logits.requires_grad)
         with torch.autocast(spectrum.device.type, enabled=False):
-            if use_cache:
+            if self.merged:
+                spectral_filter, field = self._merged_filter_and_field(size, dtype)
+            elif use_cache:
                 spectral_filter, field = self._cached_filter_and_field(
                     size, spectrum.device, dtype)
             else:
@@ -506,7 +549,7 @@ class MoPPAUnit(nn.Module):
                 f'grid_size={self.grid_size}, experts={self.experts}, '
                 f'eta={self.eta}, share_time={self.share_time}, '
                 f'resize_mode={self.resize_mode!r}, init_mode={self.init_mode!r}, '
-                f'heat_param={self.heat_param!r}')
+                f'heat_param={self.heat_param!r}' + (', merged=True' if self.merged else ''))
 
 
 def route_loss_weight(base_weight: float, progress: float, total: float) -> float:

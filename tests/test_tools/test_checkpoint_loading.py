@@ -16,6 +16,7 @@ from moppa_mm.models.backbones.adapter_state import encode_record
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
+from tests.test_tools.test_checkpoint_faults import load_tool
 from tests.test_utils.test_checkpoints import assert_refused, crafted_checkpoint
 
 MMDET_PUBLISH = osp.join(osp.dirname(__import__('mmdet').__file__),
@@ -224,6 +225,27 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
     pred = inferencer(image, return_datasamples=True)['predictions'][0].pred_instances
     assert_same(pred.bboxes, pred.scores)
 
+    # merged (adapters folded into the weights): the same config loads it, the
+    # model merging itself to match; the predictions are the unmerged ones
+    result = run([PYTHON, 'tools/model_converters/publish_model.py', trained['ckpt'],
+                  str(tmp_path / 'merged.pth'), '--merge'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = result.stdout.splitlines()[-1].split()[0]
+    state = torch.load(merged, weights_only=True)['state_dict']
+    assert read_adapter_record(state)['merged'] is True
+    assert not any('ssf_' in key or key.endswith('route_logits') for key in state)
+    model = init_detector(trained['config'], merged, device='cpu')
+    assert model.backbone.merged
+    pred = inference_detector(model, image).pred_instances
+    torch.testing.assert_close(torch.as_tensor(pred.bboxes),
+                               reference['pred_instances']['bboxes'], atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(torch.as_tensor(pred.scores),
+                               reference['pred_instances']['scores'], atol=1e-5, rtol=1e-5)
+    result = run([PYTHON, 'tools/test.py', trained['config'], merged,
+                  '--work-dir', str(tmp_path / 'merged_test')])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'merging the model to match it' in result.stdout + result.stderr
+
 
 def test_mmpretrain_apis_match_the_test_tool(tmp_path):
     """get_model / ImageClassificationInferencer on an adapter-only checkpoint
@@ -269,3 +291,11 @@ def test_mmpretrain_apis_match_the_test_tool(tmp_path):
     assert prediction['pred_label'] == label
     classes = torch.load(ckpt, weights_only=True)['meta']['dataset_meta']['classes']
     assert isinstance(classes, tuple) and prediction['pred_class'] == classes[label]
+
+    publish = load_tool('tools/model_converters/publish_model.py')
+    merged = publish.publish(ckpt, str(tmp_path / 'merged.pth'), merge=True)
+    model = get_model(config, pretrained=merged, device='cpu')
+    assert model.backbone.merged
+    scores = ImageClassificationInferencer(model=model, pretrained=False)(
+        image, return_datasamples=True)[0].pred_score
+    torch.testing.assert_close(torch.as_tensor(scores), expected, atol=1e-5, rtol=1e-5)

@@ -2,6 +2,7 @@
 
     python tools/model_converters/publish_model.py work_dirs/x/epoch_36.pth moppa_coco.pth
     python tools/model_converters/publish_model.py IN.pth moppa_coco_full.pth --merge-base
+    python tools/model_converters/publish_model.py IN.pth moppa_coco_merged.pth --merge
 
 Keeps the weights and ``meta`` (without the random states), drops the optimizer
 state, the message hub and the scheduler states, and writes
@@ -14,6 +15,12 @@ loaders restore it from there or from the config's ``init_cfg``). ``--merge-base
 builds the model from the config stored in the checkpoint (or ``--config``),
 loads the pre-trained backbone and the checkpoint, and saves the whole model:
 a self-contained file, for a machine without the pre-trained file.
+
+``--merge`` does the same and then folds the adapters into the weights
+(:func:`moppa_mm.merge_adapters`): a self-contained checkpoint for inference at
+the plain backbone's speed, which ``init_detector``, ``get_model`` and
+``tools/test.py`` load with the same config (the model merges itself to match
+it). One-way: a merged checkpoint cannot resume training.
 """
 import argparse
 import hashlib
@@ -32,10 +39,12 @@ DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
 DROPPED_META = ('rng_state', )
 
 
-def merged_state_dict(checkpoint: dict, config: str = None) -> dict:
+def merged_state_dict(checkpoint: dict, config: str = None,
+                      merge_adapters: bool = False) -> dict:
     """The whole model's state dict: the pre-trained base filled in by the
     MoPPA backbones' loading check (from the file the adapter record names,
-    else ``init_cfg``), saved with :func:`moppa_mm.models.full_state`."""
+    else ``init_cfg``), saved with :func:`moppa_mm.models.full_state`; with
+    ``merge_adapters``, the adapters folded in (:func:`moppa_mm.merge_adapters`)."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
@@ -48,12 +57,14 @@ def merged_state_dict(checkpoint: dict, config: str = None) -> dict:
     init_default_scope(cfg.get('default_scope', 'mmengine'))
     model = MODELS.build(cfg.model)
     _load_checkpoint_to_model(model, checkpoint, strict=True)
+    if merge_adapters:
+        moppa_mm.merge_adapters(model)
     with full_state(model):
         return model.state_dict()
 
 
 def publish(in_file: str, out_file: str, merge_base: bool = False,
-            config: str = None) -> str:
+            config: str = None, merge: bool = False) -> str:
     """Write the published checkpoint; returns its final path."""
     checkpoint = load_checkpoint_file(in_file, what='checkpoint to publish')
     if 'state_dict' not in checkpoint:
@@ -63,8 +74,8 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
     meta = checkpoint.setdefault('meta', {})
     for key in DROPPED_META:
         meta.pop(key, None)
-    if merge_base:
-        checkpoint['state_dict'] = merged_state_dict(checkpoint, config)
+    if merge_base or merge:
+        checkpoint['state_dict'] = merged_state_dict(checkpoint, config, merge)
         meta.pop('adapter_only', None)
     stem = out_file[:-len('.pth')] if out_file.endswith('.pth') else out_file
     buffer = io.BytesIO()  # in memory first: the name needs the hash
@@ -84,11 +95,15 @@ def main():
     parser.add_argument('out_file', help='output name; the sha256 prefix is appended')
     parser.add_argument('--merge-base', action='store_true',
                         help='include the frozen pre-trained backbone weights')
+    parser.add_argument('--merge', action='store_true',
+                        help='--merge-base, and fold the adapters into the weights '
+                        '(inference only, one-way)')
     parser.add_argument('--config', help='config to build the model with for '
-                        '--merge-base (default: the one stored in the checkpoint)')
+                        '--merge-base / --merge (default: the one stored in the checkpoint)')
     args = parser.parse_args()
     try:
-        final_file = publish(args.in_file, args.out_file, args.merge_base, args.config)
+        final_file = publish(args.in_file, args.out_file, args.merge_base, args.config,
+                             args.merge)
     except OSError as error:
         sys.exit(f'publish_model.py: {error}')
     size = osp.getsize(final_file) / 2**20

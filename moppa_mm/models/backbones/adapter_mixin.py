@@ -22,7 +22,8 @@ from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.params import parameter_table, set_trainable
 from ..converters import check_converted
-from ..layers.scale_shift import ScaleShift, check_scale_floors
+from moppa_mm.operators import moppa_units
+from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
 from ..moppa_config import MoPPAConfig
 from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
@@ -103,6 +104,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
 
     @adapters_enabled.setter
     def adapters_enabled(self, enabled: bool) -> None:
+        self._refuse_if_merged('cannot switch its adapters off (they are in its weights)')
         for module in self._adapters():
             module.enabled = enabled
 
@@ -125,6 +127,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         pre-trained checkpoint name the file; an unconverted release (no keys
         under ``init_cfg.prefix``) is named with its converter command. Logs
         the parameter table."""
+        self._refuse_if_merged('cannot be initialised again')
         # the base classes' own init reads self.state_dict() whole (mmdet's Swin
         # resizes its position-bias tables against it)
         full, self._full_state = self._full_state, True
@@ -157,6 +160,55 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                 raise
             finally:
                 self._checkpoint_source = self._checkpoint_prefix = None
+
+    # ----------------------------------------------------------------- merging
+    def merge_adapters(self) -> 'AdapterMixin':
+        """Fold the adapters into the backbone for inference, in place; returns
+        the backbone. :func:`moppa_mm.merge_adapters` does it for a whole model.
+
+        * every scale & shift goes into the weights of the layer whose output it
+          scales (the linear layers, the patch embedding's projection), which
+          become plain ``nn.Linear`` / ``nn.Conv2d`` with new frozen tensors;
+          the scale & shift modules are gone;
+        * every MoPPA unit's filter and field become constant buffers
+          (:meth:`MoPPAUnit.merge_`); its two DCTs stay, they are the unit;
+        * the 3x3 conv adapters (Swin) stay as they are: a nonlinear branch has
+          no weights to fold into.
+
+        One-way: the merged backbone cannot train, switch its adapters off or
+        load an unmerged checkpoint. Its ``state_dict()`` is the whole model,
+        recorded as merged; loading that into a model built from the same
+        config merges the model first, so ``init_detector`` / ``get_model`` /
+        ``tools/test.py`` take a merged checkpoint as they take any other.
+        """
+        if self.merged:
+            return self
+        self._check_mergeable()
+        for kind in (_RunsScaleShift, ScaleShift):  # the layers, then their parameters
+            for name, module in list(self.named_modules()):
+                if isinstance(module, kind):
+                    parent_name, _, attr = name.rpartition('.')
+                    parent = self.get_submodule(parent_name)
+                    if kind is ScaleShift:
+                        del parent._modules[attr]
+                    else:
+                        parent._modules[attr] = module.merged_layer()
+        for unit in moppa_units(self):
+            unit.merge_()
+        for param in self.parameters():
+            param.requires_grad_(False)
+        self._scale_shifts = []
+        self.merged = True
+        return self
+
+    def _check_mergeable(self) -> None:
+        """Raise where the adapters cannot become constants (subclasses)."""
+
+    def _refuse_if_merged(self, what: str) -> None:
+        if self.merged:
+            raise RuntimeError(f'{type(self).__name__} is merged for inference '
+                               f'(merge_adapters): it {what}. Build the model from its '
+                               'config and load the unmerged checkpoint to train it')
 
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
         return ADAPTER_GROUPS + (('pretrained', ('*', ), self.PRETRAINED_LABEL), )

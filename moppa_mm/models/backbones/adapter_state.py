@@ -180,6 +180,7 @@ class AdapterStateMixin:
     """
 
     PRETRAINED_MAY_LACK: Sequence[str] = ()
+    merged: bool = False  # adapters folded in for inference (merge_adapters)
     RESIZES_FREQUENCY_MAPS: bool = False
     RECORD_MAY_DIFFER: Sequence[str] = ()
     FINGERPRINT_SKIPS: Sequence[str] = ()
@@ -211,7 +212,7 @@ class AdapterStateMixin:
     def adapter_record(self) -> Dict[str, Any]:
         """How this backbone's adapters were built, and on which base: what
         every checkpoint records and what loading compares."""
-        return dict(
+        record = dict(
             format=RECORD_FORMAT,
             backbone=type(self).__name__,
             arch=_plain(self.arch_record()),
@@ -219,6 +220,9 @@ class AdapterStateMixin:
             moppa_cfg=self.moppa_config.to_dict() if self._has_units() else None,
             base=dict(self._base) if self._base else None,
         )
+        if self.merged:  # the weights hold the adapters: a whole, other model
+            record['merged'] = True
+        return record
 
     def _has_units(self) -> bool:
         return any(isinstance(m, MoPPAUnit) for m in self.modules())
@@ -263,7 +267,7 @@ class AdapterStateMixin:
         can be restored from a file (the one it came from, or ``init_cfg``'s:
         a copy made before the base was loaded, as mmengine's EMA model, saves
         as the model does), and outside :func:`full_state`."""
-        if self._full_state:
+        if self._full_state or self.merged:
             return False
         init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
         configured = init_cfg.get('type') == 'Pretrained' and init_cfg.get('checkpoint')
@@ -307,6 +311,10 @@ class AdapterStateMixin:
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
         check_finite(incoming, f'{name}: the state dict{where or " being loaded"}')
+        if self._valid_record(record) and (record.get('merged') or self.merged):
+            self._accept_merged(incoming, record, where)
+            state_dict[prefix + RECORD_KEY] = self.get_extra_state()
+            return
         params = [k for k, _ in self.named_parameters()]
         adapters = [k for k in params if is_adapter_key(k)]
         given_adapters = [k for k in incoming if is_adapter_key(k)]
@@ -331,6 +339,29 @@ class AdapterStateMixin:
         # a strict load of a file without a record (a pre-trained release)
         # must not report the record as missing
         state_dict[prefix + RECORD_KEY] = self.get_extra_state()
+
+    def _accept_merged(self, incoming, record, where: str) -> None:
+        """A merged checkpoint (:meth:`merge_adapters`): the model is merged
+        first (its values are then all replaced), and the checkpoint must
+        hold the whole backbone."""
+        name = type(self).__name__
+        if not record.get('merged'):
+            raise PretrainedMismatchError(
+                f'{name} is merged for inference; the checkpoint{where} is not: load '
+                'it into a model built from the config, then merge (merge_adapters)')
+        if not self.merged:
+            print_log(f'{name}: the checkpoint{where} is merged (adapters folded into '
+                      'the weights): merging the model to match it', logger='current')
+            self.merge_adapters()
+        self._compare_record(record, where)
+        own = self._own_full_state()
+        self._check_shapes(incoming, own, where)
+        lacking = [k for k in own if k not in incoming]
+        if lacking:
+            raise PretrainedMismatchError(
+                f'{name}: the merged checkpoint{where} lacks {len(lacking)} of the '
+                f'model\'s tensors: {_few(lacking)}')
+        self._base = dict(record['base']) if isinstance(record.get('base'), dict) else None
 
     def _check_shapes(self, incoming, own, where: str) -> None:
         # where the units' grid follows the image size, a frequency map

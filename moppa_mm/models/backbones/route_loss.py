@@ -85,6 +85,7 @@ class RouteLossMixin:
         ``loss_route``; in plain PyTorch add it to your loss."""
         if not moppa_units(self):
             return None
+        self._refuse_if_merged('cannot train')
         return self.current_route_weight() * route_regularization(self)
 
     def _add_route_loss(self, name: str, parent: nn.Module, args, kwargs, output):

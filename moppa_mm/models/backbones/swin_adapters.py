@@ -223,6 +223,14 @@ class SwinAdapterMixin(AdapterMixin):
                     grids=[list(unit.grid_size) for unit in units],
                     conv_adapter_dims=[conv.hidden_dims for conv in convs])
 
+    def _check_mergeable(self) -> None:
+        if self.use_moppa and self.moppa_scope == 'global':
+            raise ValueError(
+                f"{type(self).__name__}: moppa_scope='global' units filter the whole "
+                'feature map, whose grid follows the input size: their filters cannot '
+                "become constants (merge_adapters). Window-scope units (the default) "
+                'always see the window grid and merge')
+
     def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
         """Swap ``block`` for its MoPPA subclass and register the adapters on
         it (after the base parameters: their names and order are those of the

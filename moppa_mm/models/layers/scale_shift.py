@@ -213,6 +213,25 @@ class _RunsScaleShift:
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, scale_shift={self.scale_shift_name}'
 
+    def merged_layer(self) -> nn.Module:
+        """The plain layer (``nn.Linear`` / ``nn.Conv2d``) computing the same
+        output with the scale & shift folded into new frozen weights:
+        ``W' = W * scale``, ``c' = c * scale + shift`` on the scaled output
+        channels. This layer's own tensors are left as they are (a base shared
+        with other models stays intact)."""
+        scale_shift = self.scale_shift
+        plain = self._plain_layer()
+        with torch.no_grad():
+            if scale_shift.enabled:
+                weight, bias = _scaled_weight(self.weight, self.bias, scale_shift.scale,
+                                              scale_shift.shift, scale_shift.offset)
+            else:
+                weight, bias = self.weight, self.bias
+            plain.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+            plain.bias = None if bias is None else \
+                nn.Parameter(bias.detach().clone().to(weight.dtype), requires_grad=False)
+        return plain.train(self.training)
+
 
 class LinearScaleShift(_RunsScaleShift, nn.Linear):
     """``nn.Linear`` with a :class:`ScaleShift` on its output.
@@ -254,6 +273,9 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
                                            scale_shift.shift, scale_shift.offset)
         return scale_shift(F.linear(inputs, self.weight, self.bias))
 
+    def _plain_layer(self) -> nn.Linear:
+        return nn.Linear(self.in_features, self.out_features, device='meta')
+
     def _forward_without_backward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Fold the scale & shift into the weights when the activation is the
         larger tensor, else scale the output."""
@@ -284,6 +306,11 @@ class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):
                          conv.padding, conv.dilation, conv.groups, conv.bias is not None,
                          conv.padding_mode, device='meta')
         self._adopt(conv, scale_shift, name)
+
+    def _plain_layer(self) -> nn.Conv2d:
+        return nn.Conv2d(self.in_channels, self.out_channels, self.kernel_size, self.stride,
+                         self.padding, self.dilation, self.groups, True,
+                         self.padding_mode, device='meta')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)  # (B, C, H, W)

@@ -1,0 +1,54 @@
+"""torch.compile: the MoPPA backbones' eval and training forwards, merged or
+not, are one dynamo graph (no break anywhere, mmcv's drop path included), and
+the unit compiles with ``fullgraph=True``, forward and backward, to the eager
+result."""
+import contextlib
+import copy
+
+import pytest
+import torch
+
+from moppa_mm import merge_adapters
+from moppa_mm.operators import MoPPAUnit
+from tests.test_deploy.test_merge import SWIN, build, trained
+
+VIT = dict(type='MoPPAVisionTransformer', img_size=32, patch_size=8, drop_path_rate=0.1,
+           arch=dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64))
+
+
+def graph_breaks(model, images, grad):
+    torch._dynamo.reset()
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        explained = torch._dynamo.explain(model)(images)
+    return explained.graph_count, [str(b.reason)[:300] for b in explained.break_reasons]
+
+
+@pytest.mark.parametrize('cfg,scope', [(VIT, 'mmpretrain'), (SWIN, 'mmdet')],
+                         ids=['vit', 'swin'])
+def test_backbone_forwards_are_one_graph(cfg, scope):
+    backbone = trained(build(cfg, scope))
+    images = torch.randn(2, 3, 32, 32)
+    assert graph_breaks(backbone.train(), images, grad=True) == (1, [])
+    assert graph_breaks(backbone.eval(), images, grad=False) == (1, [])
+    assert graph_breaks(merge_adapters(backbone), images, grad=False) == (1, [])
+
+
+def test_the_unit_compiles_with_fullgraph():
+    torch.manual_seed(0)
+    unit = trained(MoPPAUnit(16, 2, (4, 4), init_mode='identity', heat_param='softplus'))
+    unit.train()
+    eager = copy.deepcopy(unit)
+    torch._dynamo.reset()
+    compiled = torch.compile(unit, fullgraph=True, backend='aot_eager')
+    x = torch.randn(2, 4, 4, 16, requires_grad=True)
+    out = compiled(x)
+    expected = eager(x)
+    torch.testing.assert_close(out, expected)
+    out.square().sum().backward()
+    grads = [p.grad for p in unit.parameters()]
+    expected.square().sum().backward()
+    for grad, ref in zip(grads, [p.grad for p in eager.parameters()]):
+        torch.testing.assert_close(grad, ref)
+    compiled.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), eager.eval()(x))
