@@ -51,6 +51,14 @@ TARGETS = (
     Target('swin_b.saved.moppa_window_over_frozen_backward',
            'Swin-B activations saved for backward (800x1333)',
            'MoPPA + conv adapters (window) / frozen Swin with backward through it', '<=', 1.10),
+    Target('infer.vit_b.merged_over_plain', 'ViT-B/16 eval forward (batch 8, 224)',
+           'MoPPA merged / plain frozen ViT', '<=', 1.01),
+    Target('infer.vit_b.compiled_over_merged', 'ViT-B/16 eval forward',
+           'merged + torch.compile / merged, eager', '<=', 1.00),
+    Target('infer.swin_b.merged_over_plain', 'Swin-B backbone eval forward (800x1333)',
+           'MoPPA merged / plain frozen Swin', '<=', 1.01),
+    Target('infer.swin_b.compiled_over_merged', 'Swin-B backbone eval forward',
+           'merged + torch.compile / merged, eager', '<=', 1.00),
 )
 
 

@@ -4,6 +4,8 @@
 # are the paper's): what users train is what is timed
 SHIPPED_UNIT_OPTIONS = dict(init_mode='identity', heat_param='softplus')
 
-from benchmarks.sections import dct, profiles, swin, swin_block, unit, vit  # noqa: E402
+from benchmarks.sections import (dct, inference, profiles, swin, swin_block,  # noqa: E402
+                                 unit, vit)
 
-SECTIONS = {module.NAME: module for module in (dct, unit, vit, swin, swin_block, profiles)}
+SECTIONS = {module.NAME: module
+            for module in (dct, unit, vit, swin, swin_block, inference, profiles)}
