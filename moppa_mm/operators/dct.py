@@ -12,7 +12,8 @@ tensors it runs without any permute, in one of two ways:
   (benchmarks/run.py records the sweep);
 - larger grids: two batched matmuls, along H then along W.
 
-Bases and frequency grids are cached per (size, device, dtype).
+Bases and frequency grids are cached per (size, device, dtype), except
+what a graph capture builds (:func:`_cached`).
 
 :func:`idct2d_after_prefix` writes the inverse transform straight into a token
 sequence behind some extra tokens (a ViT's class token): the concatenation a
@@ -35,23 +36,35 @@ _FREQS: Dict[Tuple[int, int, torch.device, torch.dtype],
              Tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+def _cached(cache: dict, key: tuple, build) -> torch.Tensor:
+    """``cache[key]``, made by ``build()`` the first time. While a graph is
+    captured (:func:`~.tracing.is_capturing`) a missing entry is built into
+    the graph and not kept: what a capture makes (the fake tensors of
+    ``torch.export``, a tracer's values) must not outlive it."""
+    value = cache.get(key)
+    if value is None:
+        value = build()
+        if not is_capturing():
+            cache[key] = value
+    return value
+
+
 def dct_basis(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
     """The orthonormal DCT-II matrix ``C`` of size (n, n): ``C[k, i]`` =
     ``s_k cos(pi (2i + 1) k / (2n))``, ``s_0 = sqrt(1/n)``, ``s_k = sqrt(2/n)``."""
     if n < 1:
         raise ValueError(f'DCT size must be >= 1, got {n}')
     device = torch.device(device) if device is not None else torch.device('cpu')
-    key = (n, device, dtype)
-    basis = _BASES.get(key)
-    if basis is None:
+
+    def build():  # out of place, in operations every exporter knows
         k = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # (n, 1)
         i = torch.arange(n, dtype=torch.float64).unsqueeze(0)  # (1, n)
-        basis = torch.cos(math.pi * (2 * i + 1) * k / (2 * n))
-        basis[0] *= math.sqrt(1.0 / n)
-        basis[1:] *= math.sqrt(2.0 / n)
-        basis = basis.to(device=device, dtype=dtype)
-        _BASES[key] = basis
-    return basis
+        scale = torch.where(k == 0, math.sqrt(1.0 / n),
+                            torch.full_like(k, math.sqrt(2.0 / n)))  # (n, 1)
+        basis = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * scale
+        return basis.to(device=device, dtype=dtype)
+
+    return _cached(_BASES, (n, device, dtype), build)
 
 
 def kron_basis(h: int, w: int, inverse: bool = False, device=None,
@@ -59,14 +72,15 @@ def kron_basis(h: int, w: int, inverse: bool = False, device=None,
     """The 2-D DCT-II of an (H, W) grid as one (HW, HW) matrix acting on the
     row-major flattened grid: ``C_H (x) C_W`` (its transpose if ``inverse``)."""
     device = torch.device(device) if device is not None else torch.device('cpu')
-    key = (h, w, inverse, device, dtype)
-    basis = _KRON.get(key)
-    if basis is None:
-        basis = torch.kron(dct_basis(h, device, torch.float64),
-                           dct_basis(w, device, torch.float64))
-        basis = (basis.t() if inverse else basis).contiguous().to(dtype)
-        _KRON[key] = basis
-    return basis
+
+    def build():  # torch.kron, written out (the TorchScript exporter lacks aten::kron)
+        basis_h = dct_basis(h, device, torch.float64)
+        basis_w = dct_basis(w, device, torch.float64)
+        basis = (basis_h[:, None, :, None] * basis_w[None, :, None, :]).reshape(
+            h * w, h * w)  # (H, W, H, W) -> (HW, HW)
+        return (basis.t() if inverse else basis).contiguous().to(dtype)
+
+    return _cached(_KRON, (h, w, inverse, device, dtype), build)
 
 
 def _check_channel_last(x: torch.Tensor) -> None:
@@ -296,13 +310,12 @@ def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32
     ``w_n = pi n / H``, ``w_m = pi m / W``; returns ``(w^2, |w|)``, each (H, W).
     """
     device = torch.device(device) if device is not None else torch.device('cpu')
-    key = (h, w, device, dtype)
-    freqs = _FREQS.get(key)
-    if freqs is None:
+
+    def build():
         omega_h = math.pi * torch.arange(h, dtype=torch.float64) / h  # (H,)
         omega_w = math.pi * torch.arange(w, dtype=torch.float64) / w  # (W,)
         omega_sq = omega_h[:, None]**2 + omega_w[None, :]**2  # (H, W)
-        freqs = (omega_sq.to(device=device, dtype=dtype),
-                 omega_sq.sqrt().to(device=device, dtype=dtype))
-        _FREQS[key] = freqs
-    return freqs
+        return (omega_sq.to(device=device, dtype=dtype),
+                omega_sq.sqrt().to(device=device, dtype=dtype))
+
+    return _cached(_FREQS, (h, w, device, dtype), build)

@@ -11,14 +11,15 @@ wiring is shared with the MMPretrain MoPPA Swin (:mod:`.swin_adapters`).
 from typing import Optional
 
 from mmdet.models.backbones import SwinTransformer
-from mmdet.models.backbones.swin import SwinBlock, WindowMSA
+from mmdet.models.backbones.swin import ShiftWindowMSA, SwinBlock, WindowMSA
 from mmdet.registry import MODELS
 
 from .swin_adapters import (SCOPES, MoPPASwinBlockMixin, MoPPAWindowMSAMixin,
-                            SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit)
+                            SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit,
+                            window_reverse)
 
-__all__ = ['MoPPASwinTransformer', 'MoPPASwinBlock', 'MoPPAWindowMSA', 'SwinMoPPAUnit',
-           'SwinConvAdapter', 'SCOPES']
+__all__ = ['MoPPASwinTransformer', 'MoPPASwinBlock', 'MoPPAWindowMSA', 'MoPPAShiftWindowMSA',
+           'SwinMoPPAUnit', 'SwinConvAdapter', 'SCOPES']
 
 
 class MoPPASwinBlock(MoPPASwinBlockMixin, SwinBlock):
@@ -27,6 +28,14 @@ class MoPPASwinBlock(MoPPASwinBlockMixin, SwinBlock):
 
 class MoPPAWindowMSA(MoPPAWindowMSAMixin, WindowMSA):
     """mmdet's ``WindowMSA`` after the block's window-scope unit."""
+
+
+class MoPPAShiftWindowMSA(ShiftWindowMSA):
+    """mmdet's ``ShiftWindowMSA`` whose ``window_reverse`` keeps the batch
+    dynamic in traced and exported graphs (:func:`.swin_adapters.window_reverse`)."""
+
+    def window_reverse(self, windows, H, W):
+        return window_reverse(windows, H, W, self.window_size)
 
 
 @MODELS.register_module()
@@ -48,6 +57,7 @@ class MoPPASwinTransformer(SwinAdapterMixin, SwinTransformer):
     IMG_SIZE_ARG = 'pretrain_img_size'
     BLOCK_CLASSES = {SwinBlock: MoPPASwinBlock}
     WINDOW_MSA_CLASSES = {WindowMSA: MoPPAWindowMSA}
+    SHIFT_WINDOW_MSA_CLASSES = {ShiftWindowMSA: MoPPAShiftWindowMSA}
 
     def __init__(self,
                  *args,

@@ -19,10 +19,11 @@ from typing import Optional
 
 from mmpretrain.models.backbones import SwinTransformer
 from mmpretrain.models.backbones.swin_transformer import SwinBlock
-from mmpretrain.models.utils.attention import WindowMSA
+from mmpretrain.models.utils.attention import ShiftWindowMSA, WindowMSA
 from mmpretrain.registry import MODELS
 
-from .swin_adapters import MoPPASwinBlockMixin, MoPPAWindowMSAMixin, SwinAdapterMixin
+from .swin_adapters import (MoPPASwinBlockMixin, MoPPAWindowMSAMixin, SwinAdapterMixin,
+                            window_reverse)
 
 
 class MoPPASwinBlockCls(MoPPASwinBlockMixin, SwinBlock):
@@ -32,6 +33,16 @@ class MoPPASwinBlockCls(MoPPASwinBlockMixin, SwinBlock):
 
 class MoPPAWindowMSACls(MoPPAWindowMSAMixin, WindowMSA):
     """mmpretrain's ``WindowMSA`` after the block's window-scope unit."""
+
+
+class MoPPAShiftWindowMSACls(ShiftWindowMSA):
+    """mmpretrain's ``ShiftWindowMSA`` whose ``window_reverse`` keeps the
+    batch dynamic in traced and exported graphs
+    (:func:`~.swin_adapters.window_reverse`)."""
+
+    @staticmethod
+    def window_reverse(windows, H, W, window_size):
+        return window_reverse(windows, H, W, window_size)
 
 
 @MODELS.register_module(name='MoPPASwinTransformer')
@@ -55,6 +66,7 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
     IMG_SIZE_ARG = 'img_size'
     BLOCK_CLASSES = {SwinBlock: MoPPASwinBlockCls}
     WINDOW_MSA_CLASSES = {WindowMSA: MoPPAWindowMSACls}
+    SHIFT_WINDOW_MSA_CLASSES = {ShiftWindowMSA: MoPPAShiftWindowMSACls}
 
     def __init__(self,
                  *args,

@@ -76,6 +76,18 @@ class SwinConvAdapter(ConvAdapter):
             batch, -1, channels)  # (B, H*W, C)
 
 
+def window_reverse(windows: torch.Tensor, h: int, w: int, window_size: int) -> torch.Tensor:
+    """(B*nW, Ws, Ws, C) windows of an (H, W) grid -> (B, H, W, C), the batch
+    read off the windows (``-1``). The packages' own ``window_reverse`` works B
+    out with a float division and ``int()``: a constant in a traced graph (an
+    ONNX graph exported at batch 2 misreads batch 3) and a specialisation that
+    makes ``torch.export`` refuse a dynamic batch."""
+    channels = windows.shape[-1]
+    x = windows.view(-1, h // window_size, w // window_size, window_size,
+                     window_size, channels)  # (B, H/Ws, W/Ws, Ws, Ws, C)
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, channels)  # (B, H, W, C)
+
+
 class MoPPAWindowMSAMixin:
     """Mixed into a package's ``WindowMSA`` (window scope): the block's unit
     on the windows, then the attention. The unit is registered on the block
@@ -164,6 +176,7 @@ class SwinAdapterMixin(AdapterMixin):
     # the package's classes -> their MoPPA subclasses (set by each backbone)
     BLOCK_CLASSES: Dict[type, type] = {}
     WINDOW_MSA_CLASSES: Dict[type, type] = {}
+    SHIFT_WINDOW_MSA_CLASSES: Dict[type, type] = {}  # batch-free window_reverse
 
     def __init__(self,
                  *args,
@@ -236,6 +249,7 @@ class SwinAdapterMixin(AdapterMixin):
         it (after the base parameters: their names and order are those of the
         checkpoints)."""
         swap_class(block, self.BLOCK_CLASSES)
+        swap_class(block.attn, self.SHIFT_WINDOW_MSA_CLASSES)
         w_msa = block.attn.w_msa
         embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
         if self.use_moppa:

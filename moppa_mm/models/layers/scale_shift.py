@@ -259,12 +259,13 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
         scale_shift = self.scale_shift
         if not scale_shift.enabled:
             return F.linear(inputs, self.weight, self.bias)
+        if is_capturing():  # a graph compiler fuses the plain form itself; the
+            # choice below reads the batch size, which an export keeps dynamic
+            return scale_shift(F.linear(inputs, self.weight, self.bias))
         if not torch.is_grad_enabled() or not (
                 inputs.requires_grad or scale_shift.scale.requires_grad
                 or scale_shift.shift.requires_grad):
             return self._forward_without_backward(inputs)
-        if is_capturing():  # a graph compiler fuses the plain form itself
-            return scale_shift(F.linear(inputs, self.weight, self.bias))
         frozen = not self.weight.requires_grad and (
             self.bias is None or not self.bias.requires_grad)
         if frozen and scale_shift.channel_dim in (-1, inputs.dim() - 1) and \
