@@ -1,0 +1,198 @@
+"""tools/deployment/pytorch2onnx.py: the MoPPA ViT classifier's logits and the
+MoPPA Swin backbone's features through both of torch's ONNX exporters (the
+default, through torch.export, and the older TorchScript tracer), merged and
+unmerged, give PyTorch's outputs in onnxruntime at batch sizes other than the
+export's; the tool refuses what it cannot export and a graph that does not
+match."""
+import copy
+import importlib.util
+import os.path as osp
+import subprocess
+
+import pytest
+import torch
+from mmengine.config import Config
+
+from moppa_mm.models import full_state
+from moppa_mm.operators import dct
+from tests.conftest import DEMO_CONFIG, PYTHON, REPO
+from tests.test_deploy.test_merge import SWIN, build, trained
+from tests.test_models.test_adapter_record import classifier_cfg
+
+onnx = pytest.importorskip('onnx', reason='the deploy extra: pip install -e .[deploy]')
+onnxruntime = pytest.importorskip('onnxruntime')
+pytest.importorskip('onnxscript')
+
+TOOL = osp.join(REPO, 'tools', 'deployment', 'pytorch2onnx.py')
+_spec = importlib.util.spec_from_file_location('pytorch2onnx', TOOL)
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+TOLERANCE = 1e-4
+VIT_SHAPE = (32, 32)
+SWIN_SHAPE = (40, 56)  # padded to the 4x4 windows
+
+
+@pytest.fixture(scope='module')
+def vit():
+    """A 'fine-tuned' MoPPA ViT classifier's logits (unmerged)."""
+    return tool.ClassifierLogits(trained(build(classifier_cfg(), 'mmpretrain'))).eval()
+
+
+@pytest.fixture(scope='module')
+def swin():
+    """A 'fine-tuned' mmdet MoPPA Swin backbone's features (unmerged)."""
+    return tool.BackboneFeatures(trained(build(SWIN, 'mmdet'))).eval()
+
+
+def cold_dct_caches():
+    """Empty the DCT helpers' caches: the exporter builds the bases itself
+    (torch.export once left its fake tensors there, and read them back)."""
+    for cache in (dct._BASES, dct._KRON, dct._FREQS):
+        cache.clear()
+
+
+def cached_tensor_types():
+    return {type(value).__name__ for cache in (dct._BASES, dct._KRON)
+            for value in cache.values()}
+
+
+@pytest.mark.parametrize('merged', [False, True], ids=['unmerged', 'merged'])
+@pytest.mark.parametrize('exporter', tool.EXPORTERS)
+@pytest.mark.parametrize('family', ['vit', 'swin'])
+def test_both_exporters_give_the_pytorch_outputs(family, exporter, merged, request,
+                                                 tmp_path):
+    reference = request.getfixturevalue(family)
+    if family == 'vit':
+        shape, names = VIT_SHAPE, ['logits']
+    else:
+        shape, names = SWIN_SHAPE, ['feat0', 'feat1']
+    module = tool.merge(copy.deepcopy(reference)) if merged else reference
+    path = str(tmp_path / f'{family}.onnx')
+    cold_dct_caches()
+    tool.export_onnx(module, path, shape, names, exporter)
+    assert cached_tensor_types() <= {'Tensor'}  # nothing of the capture kept
+    graph = onnx.load(path).graph
+    assert [i.name for i in graph.input] == ['input']
+    assert [o.name for o in graph.output] == names
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param  # a named batch axis
+    # batches 1 and 3 (the export's is 2), against the unmerged PyTorch model
+    difference = tool.verify_onnx(path, reference, shape)
+    print(f'{family} {exporter} {"merged" if merged else "unmerged"}: '
+          f'max |onnxruntime - PyTorch| = {difference:.2e}')
+    assert difference < TOLERANCE
+
+
+def test_a_wrong_graph_is_refused(vit, tmp_path, monkeypatch):
+    """The TorchScript tracer fed the eager-only paths (the fused DCT writing
+    into the sequence with ``out=``, the eval cache) records a graph that
+    runs and is wrong (max difference ~1 here): what the older exporter gave
+    before the operators knew it was tracing. ``--verify`` catches it, says
+    so, and deletes the file."""
+    from moppa_mm.models.layers import scale_shift
+    from moppa_mm.operators import moppa_unit
+    for module in (dct, moppa_unit, scale_shift):
+        monkeypatch.setattr(module, 'is_capturing', lambda: False)
+    config, checkpoint = classifier_files(vit, tmp_path)
+    output = str(tmp_path / 'wrong.onnx')
+    with pytest.raises(SystemExit, match=r'onnxruntime and PyTorch differ by up to '
+                       r'[0-9.e+-]+ .*above the tolerance 0.0001: the torchscript exporter '
+                       'gave a wrong graph; .*wrong.onnx deleted'):
+        tool.main([config, checkpoint, '--output-file', output, '--exporter',
+                   'torchscript', '--no-merge', '--verify'])
+    assert not osp.exists(output)
+
+
+def classifier_files(vit, tmp_path):
+    """A config file of ``vit``'s classifier and its whole checkpoint."""
+    config = str(tmp_path / 'vit.py')
+    Config(dict(default_scope='mmpretrain', model=classifier_cfg())).dump(config)
+    checkpoint = str(tmp_path / 'vit.pth')
+    with full_state(vit.classifier):
+        torch.save({'state_dict': vit.classifier.state_dict()}, checkpoint)
+    return config, checkpoint
+
+
+def test_what_the_tool_refuses(vit, tmp_path, monkeypatch):
+    config, checkpoint = classifier_files(vit, tmp_path)
+    output = ['--output-file', str(tmp_path / 'x.onnx')]
+    with pytest.raises(SystemExit, match="config file not found: 'nowhere.py'"):
+        tool.main(['nowhere.py', checkpoint, *output])
+    with pytest.raises(SystemExit, match="checkpoint 'nowhere.pth' not found"):
+        tool.main([config, 'nowhere.pth', *output])
+    unsafe = str(tmp_path / 'unsafe.pth')
+    torch.save({'state_dict': {}, 'args': tmp_path}, unsafe)  # a pickled Python object
+    with pytest.raises(SystemExit, match='loading it could run code'):
+        tool.main([config, unsafe, *output])
+    with pytest.raises(SystemExit, match=r'merged for its reference grid \(4, 4\), got an '
+                       r'input on the grid \(6, 6\)'):
+        tool.main([config, checkpoint, '--shape', '48', '48', *output])
+    with pytest.raises(tool.ExportError, match=r"moppa_scope='global'.*export the "
+                       'adapters unmerged with --no-merge'):
+        tool.merge(build(dict(SWIN, moppa_scope='global'), 'mmdet'))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(tool.importlib.util, 'find_spec',
+                        lambda name: None if name == 'onnxruntime' else real_find_spec(name))
+    with pytest.raises(tool.ExportError, match=r'onnxruntime not installed \(needed by the '
+                       r'dynamo exporter and --verify\): pip install -e .\[deploy\]'):
+        tool.check_installed('dynamo', verify=True)
+    tool.check_installed('torchscript', verify=False)
+
+
+def run_tool(*args):
+    result = subprocess.run([PYTHON, TOOL, *args], capture_output=True, text=True,
+                            cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
+    """The adapter-only checkpoint restores its base from the file its record
+    names (the config has no init_cfg); default exporter, merged."""
+    torch.manual_seed(0)
+    base = build(classifier_cfg(), 'mmpretrain')
+    pretrained = str(tmp_path / 'vit_base.pth')
+    with full_state(base):
+        torch.save({'state_dict': {k: v for k, v in base.state_dict().items()
+                                   if k.startswith('backbone.') and '.moppa.' not in k
+                                   and 'ssf_' not in k and 'extra_state' not in k}},
+                   pretrained)
+    model = trained(build(classifier_cfg(pretrained), 'mmpretrain'))
+    model.init_weights()
+    checkpoint = str(tmp_path / 'adapter.pth')
+    torch.save({'state_dict': model.state_dict()}, checkpoint)  # adapters and head
+    assert not any(k.endswith('qkv.weight') for k in torch.load(checkpoint)['state_dict'])
+    config = str(tmp_path / 'vit.py')
+    Config(dict(default_scope='mmpretrain', model=classifier_cfg())).dump(config)
+    output = str(tmp_path / 'out' / 'vit.onnx')
+    stdout = run_tool(config, checkpoint, '--output-file', output, '--verify')
+    assert 'logits (logits) of (batch, 3, 32, 32) images, merged adapters, dynamo ' \
+        'exporter, opset 18' in stdout
+    assert 'verified: onnxruntime (CPU) matches PyTorch at batch sizes (1, 3)' in stdout
+    session = onnxruntime.InferenceSession(output, providers=['CPUExecutionProvider'])
+    images = torch.randn(5, 3, 32, 32)
+    with torch.no_grad():
+        expected = model.eval()(images, mode='tensor')
+    got = torch.from_numpy(session.run(None, {'input': images.numpy()})[0])
+    assert (got - expected).abs().max() < TOLERANCE
+
+
+def test_the_cli_exports_a_detectors_swin_backbone(tmp_path):
+    """The demo Cascade Mask R-CNN config with a two-stage Swin: its backbone's
+    features, through the older exporter."""
+    cfg = Config.fromfile(DEMO_CONFIG)
+    cfg.model.backbone.update(depths=[2, 2], num_heads=[1, 2], out_indices=(0, 1),
+                              init_cfg=None)
+    cfg.model.neck.in_channels = [32, 64]
+    config = str(tmp_path / 'detector.py')
+    cfg.dump(config)
+    detector = trained(build(cfg.model, 'mmdet'))
+    checkpoint = str(tmp_path / 'detector.pth')
+    with full_state(detector):
+        torch.save({'state_dict': detector.state_dict()}, checkpoint)
+    output = str(tmp_path / 'backbone.onnx')
+    stdout = run_tool(config, checkpoint, '--output-file', output, '--shape', '64', '96',
+                      '--exporter', 'torchscript', '--verify')
+    assert 'backbone features (feat0, feat1) of (batch, 3, 64, 96) images, merged ' \
+        'adapters, torchscript exporter' in stdout
+    assert 'verified' in stdout

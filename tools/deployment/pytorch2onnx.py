@@ -1,0 +1,273 @@
+"""Export a MoPPA model to ONNX (MMPretrain 0.x's ``tools/deployment`` convention).
+
+    python tools/deployment/pytorch2onnx.py CONFIG CHECKPOINT --output-file F.onnx --verify
+        [--shape H W] [--opset 18] [--exporter {dynamo,torchscript}] [--no-merge]
+
+What is exported, with the batch as a dynamic axis (``batch``):
+
+- an MMPretrain config (``default_scope='mmpretrain'``): the classifier's
+  logits, ``model(images, mode='tensor')``: input ``input`` (B, 3, H, W),
+  output ``logits`` (B, classes), before softmax;
+- an MMDetection config: the MoPPA Swin BACKBONE's multi-scale features,
+  input ``input`` (B, 3, H, W), outputs ``feat0``, ``feat1``... (one per
+  ``out_indices``), for a neck and heads run elsewhere (see the README for
+  what mmdeploy does with the whole detector).
+
+The images are the data preprocessor's output (normalised, channels in the
+model's order): the preprocessor is not part of the graph; its mean and std
+are printed. The checkpoint loads as our tools load it (``weights_only``; an
+adapter-only checkpoint restores its pre-trained base from the file its
+record names, else from the config's ``init_cfg``; a merged one loads into
+the model merged). The adapters are merged into the weights first
+(:func:`moppa_mm.merge_adapters`; ``--no-merge`` exports them as they are).
+
+``--exporter``: ``dynamo`` (torch's default, ``torch.onnx.export(...,
+dynamo=True)`` through ``torch.export``) or ``torchscript`` (the older
+tracer, ``dynamo=False``); both give the same graph up to float rounding.
+``--verify`` runs the graph in onnxruntime (CPU) on random images at batch
+sizes other than the export's and compares it with the PyTorch model as
+loaded (unmerged): above ``--atol`` (max absolute difference, 1e-4 by
+default) it deletes the file and exits with an error.
+
+Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime): ``pip install -e .[deploy]``.
+"""
+import argparse
+import copy
+import importlib.util
+import os
+import os.path as osp
+import sys
+from typing import List, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+import moppa_mm  # registries
+from moppa_mm.models.backbones.adapter_state import PretrainedMismatchError
+from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+
+TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
+    sys.path.append(TOOLS)
+from launch import read_config  # noqa: E402  tools/launch.py
+from preflight import _check_adapter_checkpoint_fits  # noqa: E402
+
+EXPORTERS = ('dynamo', 'torchscript')
+DEFAULT_OPSET = 18  # the dynamo exporter's own; the TorchScript one supports it too
+TOLERANCE = 1e-4  # max absolute difference between onnxruntime and PyTorch
+EXPORT_BATCH = 2  # torch.export specialises a dimension of size 1
+VERIFY_BATCHES = (1, 3)
+DETECTOR_SHAPE = (800, 1333)  # mmdet's test scale, (H, W)
+CLASSIFIER_SHAPE = (224, 224)  # when the backbone names no img_size
+
+
+class ExportError(RuntimeError):
+    """An export the tool refuses or a graph that does not match PyTorch."""
+
+
+def check_installed(exporter: str, verify: bool) -> None:
+    """Name the missing packages of the ``deploy`` extra before any work."""
+    needed = ['onnx'] + (['onnxscript'] if exporter == 'dynamo' else []) + \
+        (['onnxruntime'] if verify else [])
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(f'{", ".join(missing)} not installed (needed by the {exporter} '
+                          f'exporter{" and --verify" if verify else ""}): '
+                          'pip install -e .[deploy]')
+
+
+class ClassifierLogits(nn.Module):
+    """An mmpretrain classifier's logits for a batch of preprocessed images."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier(images, mode='tensor')  # (B, 3, H, W) -> (B, classes)
+
+
+class BackboneFeatures(nn.Module):
+    """A detector's backbone: its multi-scale features as a tuple."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, images: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        return tuple(self.backbone(images))  # (B, C_i, H / s_i, W / s_i) each
+
+
+def build_model(cfg) -> nn.Module:
+    """The config's model, built in its scope (MMPretrain or MMDetection)."""
+    from mmengine.registry import MODELS, init_default_scope
+    scope = cfg.get('default_scope')
+    if scope not in ('mmpretrain', 'mmdet'):
+        raise ExportError(f"default_scope={scope!r}: exports an mmpretrain classifier or an "
+                          "mmdet detector's backbone")
+    init_default_scope(scope)
+    return MODELS.build(copy.deepcopy(cfg.model))
+
+
+def load_model(config: str, checkpoint: str) -> Tuple[nn.Module, object]:
+    """``(model, cfg)``: the config's model with the checkpoint loaded (every
+    key: ``strict``), in eval mode."""
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+    if not osp.isfile(config):
+        raise FileNotFoundError(f'config file not found: {config!r}')
+    cfg = read_config(config)
+    state = load_checkpoint_file(checkpoint, what='checkpoint', mmap=True)
+    _check_adapter_checkpoint_fits(cfg, 'CHECKPOINT', checkpoint, state)
+    model = build_model(cfg)
+    _load_checkpoint_to_model(model, state, strict=True)
+    return model.eval(), cfg
+
+
+def export_module(model: nn.Module, cfg) -> Tuple[nn.Module, List[str]]:
+    """What is exported of ``model`` and its output names."""
+    if cfg.default_scope == 'mmpretrain':
+        return ClassifierLogits(model).eval(), ['logits']
+    features = BackboneFeatures(model.backbone).eval()
+    return features, [f'feat{i}' for i in range(len(model.backbone.out_indices))]
+
+
+def default_shape(cfg) -> Tuple[int, int]:
+    """(H, W): a classifier's backbone ``img_size``, a detector's test scale."""
+    if cfg.default_scope == 'mmdet':
+        return DETECTOR_SHAPE
+    size = cfg.model.get('backbone', {}).get('img_size')
+    if size is None:
+        return CLASSIFIER_SHAPE
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def merge(model: nn.Module) -> nn.Module:
+    """:func:`moppa_mm.merge_adapters`, or why it cannot."""
+    try:
+        return moppa_mm.merge_adapters(model)
+    except ValueError as error:
+        raise ExportError(f'{error}; export the adapters unmerged with --no-merge') from None
+
+
+def export_onnx(module: nn.Module, output_file: str, shape: Sequence[int],
+                output_names: Sequence[str], exporter: str = 'dynamo',
+                opset: int = DEFAULT_OPSET) -> None:
+    """Export ``module`` (one image batch in, a tensor or tuple out) to
+    ``output_file`` with the batch as a dynamic axis, under ``no_grad``."""
+    if exporter not in EXPORTERS:
+        raise ExportError(f'unknown exporter {exporter!r}, expected one of {EXPORTERS}')
+    module.eval()  # all of it: the TorchScript exporter restores the top module's mode
+    images = torch.randn(EXPORT_BATCH, 3, *shape)
+    names = dict(input_names=['input'], output_names=list(output_names),
+                 opset_version=opset)
+    with torch.no_grad():
+        if exporter == 'dynamo':
+            program = torch.onnx.export(
+                module, (images, ), dynamo=True,
+                dynamic_shapes=({0: torch.export.Dim('batch')}, ), **names)
+            program.save(output_file)  # weights in a side file only past 2 GB
+        else:
+            axes = {name: {0: 'batch'} for name in ['input', *output_names]}
+            torch.onnx.export(module, (images, ), output_file, dynamo=False,
+                              dynamic_axes=axes, **names)
+    import onnx
+    onnx.checker.check_model(output_file)
+
+
+def verify_onnx(output_file: str, reference: nn.Module, shape: Sequence[int],
+                batches: Sequence[int] = VERIFY_BATCHES, seed: int = 0) -> float:
+    """The max absolute difference between onnxruntime (CPU) running
+    ``output_file`` and ``reference`` (in eval mode) on random images, over
+    ``batches``."""
+    import onnxruntime
+    reference.eval()
+    session = onnxruntime.InferenceSession(output_file, providers=['CPUExecutionProvider'])
+    generator = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for batch in batches:
+        images = torch.randn(batch, 3, *shape, generator=generator)
+        outputs = session.run(None, {'input': images.numpy()})
+        with torch.no_grad():
+            expected = reference(images)
+        expected = expected if isinstance(expected, (tuple, list)) else (expected, )
+        if len(outputs) != len(expected):
+            raise ExportError(f'{output_file}: {len(outputs)} outputs, PyTorch gives '
+                              f'{len(expected)}')
+        for got, want in zip(outputs, expected):
+            if tuple(got.shape) != tuple(want.shape):
+                raise ExportError(f'{output_file}: an output of shape {tuple(got.shape)} '
+                                  f'at batch {batch}, PyTorch gives {tuple(want.shape)}')
+            worst = max(worst, float((torch.from_numpy(got) - want).abs().max()))
+    return worst
+
+
+def describe_preprocessor(cfg) -> str:
+    preprocessor = cfg.model.get('data_preprocessor') or cfg.get('data_preprocessor') or {}
+    mean, std = preprocessor.get('mean'), preprocessor.get('std')
+    rgb = preprocessor.get('to_rgb', preprocessor.get('bgr_to_rgb'))
+    return f'mean={mean}, std={std}, to_rgb={rgb}'
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config')
+    parser.add_argument('checkpoint', help='full, adapter-only or merged checkpoint')
+    parser.add_argument('--output-file', default='tmp.onnx')
+    parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
+                        help='input height and width (default: the backbone\'s '
+                        f'img_size for classifiers, {DETECTOR_SHAPE} for detectors)')
+    parser.add_argument('--opset', type=int, default=DEFAULT_OPSET)
+    parser.add_argument('--exporter', choices=EXPORTERS, default='dynamo',
+                        help='torch.onnx.export(dynamo=True), the default, or the '
+                        'older TorchScript tracer (dynamo=False)')
+    parser.add_argument('--no-merge', action='store_true',
+                        help='export the adapters unmerged (merge_adapters folds them '
+                        'into the weights by default)')
+    parser.add_argument('--verify', action='store_true',
+                        help='compare onnxruntime with PyTorch at batch sizes '
+                        f'{VERIFY_BATCHES} (the export runs at {EXPORT_BATCH})')
+    parser.add_argument('--atol', type=float, default=TOLERANCE,
+                        help='--verify\'s bound on the max absolute difference')
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ExportError, CheckpointLoadError, PretrainedMismatchError, OSError,
+            ValueError) as error:
+        sys.exit(f'pytorch2onnx.py: {error}')
+
+
+def run(args) -> None:
+    check_installed(args.exporter, args.verify)
+    model, cfg = load_model(args.config, args.checkpoint)
+    reference = export_module(copy.deepcopy(model), cfg)[0] if args.verify else None
+    if not args.no_merge:
+        merge(model)
+    module, output_names = export_module(model, cfg)
+    shape = tuple(args.shape) if args.shape else default_shape(cfg)
+    with torch.no_grad():  # what the model refuses (a merged unit on another grid),
+        module(torch.zeros(1, 3, *shape))  # named here rather than inside an exporter
+    os.makedirs(osp.dirname(osp.abspath(args.output_file)), exist_ok=True)
+    export_onnx(module, args.output_file, shape, output_names, args.exporter, args.opset)
+    what = 'logits' if cfg.default_scope == 'mmpretrain' else 'backbone features'
+    print(f'{args.output_file}: {what} ({", ".join(output_names)}) of (batch, 3, '
+          f'{shape[0]}, {shape[1]}) images, {"unmerged" if args.no_merge else "merged"} '
+          f'adapters, {args.exporter} exporter, opset {args.opset}; inputs as the data '
+          f'preprocessor gives them ({describe_preprocessor(cfg)})')
+    if reference is None:
+        return
+    difference = verify_onnx(args.output_file, reference, shape)
+    if not difference <= args.atol:  # NaN fails too
+        os.remove(args.output_file)
+        raise ExportError(
+            f'onnxruntime and PyTorch differ by up to {difference:.3g} (max absolute '
+            f'difference at batch sizes {VERIFY_BATCHES}), above the tolerance '
+            f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph; '
+            f'{args.output_file} deleted. Try --exporter '
+            f'{[e for e in EXPORTERS if e != args.exporter][0]}')
+    print(f'verified: onnxruntime (CPU) matches PyTorch at batch sizes {VERIFY_BATCHES}, '
+          f'max absolute difference {difference:.2e} (tolerance {args.atol:g})')
+
+
+if __name__ == '__main__':
+    main()
