@@ -81,6 +81,9 @@ setup(
         'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard', 'flake8>=7',
                   'openmim>=0.3.9,<0.4'],
         'vis': ['tensorboard'],  # TensorboardVisBackend (route weights, losses)
+        # tools/deployment/pytorch2onnx.py: torch's exporters (onnxscript for the
+        # default one, through torch.export) and onnxruntime for --verify
+        'deploy': ['onnx>=1.23', 'onnxscript>=0.7', 'onnxruntime>=1.31'],
     },
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     zip_safe=False,

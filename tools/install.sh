@@ -50,8 +50,9 @@ if ! "$VENV/bin/python" -c "import mmcv.ops" 2>/dev/null; then
 fi
 
 # 3. The rest of the stack and moppa_mm itself (editable), with the test extras (pytest,
-#    flake8, openmim...).
-"${PIP[@]}" -q -e "$ROOT[tests]"
+#    flake8, openmim...) and the deploy extra (onnx, onnxscript, onnxruntime: the ONNX
+#    export tool and its tests).
+"${PIP[@]}" -q -e "$ROOT[tests,deploy]"
 
 # 4. openmim (`mim search/train/test moppa_mm`) looks for <site-packages>/moppa_mm/.mim,
 #    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's
@@ -63,7 +64,7 @@ fi
 #    interpreter start-up, for every program of the venv (mmdet's and mmpretrain's own
 #    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
 "${OPS_FIX[@]}"
-"$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm"
+"$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm, onnxruntime, onnxscript"
 "${SITE_LINK[@]}" --check
 
 stamp_inputs > "$STAMP"
