@@ -42,7 +42,11 @@ def test_targets_table_is_well_formed():
     for target in TARGETS:
         assert target.direction in ('<=', '>='), target
         assert target.style in ('ratio', 'change'), target
-        assert target.id.split('.')[0] in ('vit_b', 'swin_b'), target
+        assert target.id.split('.')[0] in ('vit_b', 'swin_b', 'infer'), target
+
+
+def test_every_section_is_in_the_report():
+    assert set(report.SUMMARY_ORDER) == set(SECTIONS) == set(report.TABLE_ORDER)
 
 
 def test_every_section_runs_and_every_target_is_measured(quick_results):
@@ -54,6 +58,10 @@ def test_every_section_runs_and_every_target_is_measured(quick_results):
     assert metrics['swin_b.saved_mb.frozen_no_backward'] == 0  # nothing saved without grad
     assert metrics['swin_b.saved_mb.moppa_window'] > 0
     assert metrics['dct.7x7.auto'] == 'kron' and metrics['dct.14x14.auto'] == 'separable'
+    for kind in ('vit_b', 'swin_b'):  # the compiled merged model computes the unmerged one
+        assert metrics[f'infer.{kind}.compiled_max_abs_diff'] < 1e-4
+        assert metrics[f'infer.{kind}.merged_over_merged'] == 1.0
+    assert 0 < metrics['swin_b.mac_floor.moppa_window'] < 1
     # the conv adapter's bottleneck comes from the model: round(32 / 7.25) = 4 channels
     hidden, dims, window = 4, 32, 49
     assert metrics['swin_block.conv_adapter_mac_share'] == pytest.approx(
@@ -70,7 +78,8 @@ def test_report_shows_each_target_with_its_status(quick_results):
     text = report.render(quick_results, CPU, True, 'benchmarks/run.py --quick', 1.0, 'none')
     for heading in ('### Targets', 'MoPPA unit alone', 'Kronecker matmul vs separable',
                     'ViT-B/16 training step', 'Swin-B backbone training step',
-                    'Swin-B stage-3 block', 'Where the Swin-B time goes', '### Profile:'):
+                    'Swin-B stage-3 block', 'Where the Swin-B time goes', '### Profile:',
+                    'Inference: ViT-B/16 eval forward', 'Inference: Swin-B backbone'):
         assert heading in text, heading
     rows = {line.split('| `')[1].split('`')[0]: line for line in text.splitlines()
             if line.startswith('| ') and '| `' in line}
@@ -81,7 +90,9 @@ def test_report_shows_each_target_with_its_status(quick_results):
         assert f'| {status} |' in rows[target.id]
     # a section that did not run leaves its targets 'not run'
     swin_only = report.render({'swin': quick_results['swin']}, CPU, True, 'x', 1.0, 'none')
-    assert swin_only.count('| not run |') == 4 and '### ViT-B/16 training step' not in swin_only
+    not_run = sum(1 for target in TARGETS if not target.id.startswith('swin_b.'))
+    assert swin_only.count('| not run |') == not_run and \
+        '### ViT-B/16 training step' not in swin_only
 
 
 def test_a_miss_is_rendered_as_miss():
