@@ -57,4 +57,5 @@ def _allow_runner_checkpoints() -> None:
 
 _allow_runner_checkpoints()
 
+from .apis import AdapterBank  # noqa: E402,F401
 from .version import __version__  # noqa: E402,F401
