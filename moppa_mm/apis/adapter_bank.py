@@ -27,6 +27,7 @@ bank loads the base once and keeps, per task, only what differs::
   shape fits. A mismatch names the task, the key and both values.
 """
 import copy
+import os.path as osp
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, Optional, Union
 
@@ -244,9 +245,9 @@ class AdapterBank:
         device = self._device()
         if task.device != device:
             task.to(device)
-        with torch.no_grad():
-            for key, slot in self._adapter_slots.items():
-                slot.copy_(task.adapters[key])
+        slots, values = list(self._adapter_slots.values()), list(task.adapters.values())
+        with torch.no_grad():  # one fused copy (the slots' order is the task's)
+            torch._foreach_copy_(slots, values)
         for child, module in task.modules.items():
             module.train(self.model.training)
             setattr(self.model, child, module)
@@ -256,8 +257,17 @@ class AdapterBank:
     def runner(self, name: str, cfg: Union[str, Config]):
         """mmengine's ``Runner.from_cfg(cfg)`` on the bank's model switched to
         task ``name``: ``cfg.model`` is neither built nor loaded (it stays in
-        the dumped config), ``cfg.load_from`` should be unset."""
+        the dumped config). Without ``cfg.work_dir``: ``work_dirs/<config
+        name>``, as the tools choose it."""
         from mmengine.runner import Runner
+        cfg = copy.deepcopy(_read_config(cfg))
+        if cfg.get('load_from'):
+            raise ValueError(
+                f'cfg.load_from = {cfg.load_from!r}: the Runner would load it into the '
+                f'bank\'s model, over task {name!r}; unset it (the bank holds the weights)')
+        if cfg.get('work_dir') is None:
+            stem = osp.splitext(osp.basename(cfg.filename))[0] if cfg.filename else name
+            cfg.work_dir = osp.join('./work_dirs', stem)
         model = self.use(name)
 
         class BankRunner(Runner):
@@ -266,7 +276,7 @@ class AdapterBank:
             def build_model(self, _model_cfg) -> nn.Module:
                 return model
 
-        return BankRunner.from_cfg(_read_config(cfg))
+        return BankRunner.from_cfg(cfg)
 
     # ------------------------------------------------------------- checks
     def _check_record(self, record: Optional[Dict[str, Any]], what: str) -> None:

@@ -242,3 +242,17 @@ def test_detector_tasks_switch_and_match_the_usual_load(detector, tmp_path):  # 
         for key in ours:
             torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0)
     assert base_state(bank) == before
+
+
+def test_a_runner_on_the_switched_model(tasks, tmp_path):
+    bank = AdapterBank.from_config(tasks['five']['cfg'])
+    bank.add('three', tasks['three']['checkpoint'], cfg=tasks['three']['cfg'])
+    cfg = copy.deepcopy(tasks['three']['cfg'])
+    cfg.work_dir = str(tmp_path)
+    runner = bank.runner('three', cfg)
+    assert runner.model is bank.model and bank.active == 'three'
+    assert runner.model.head.num_classes == 3
+    cfg.load_from = tasks['three']['checkpoint']
+    with pytest.raises(ValueError, match=r"cfg.load_from = '.*three.pth': the Runner would "
+                       r"load it into the bank's model, over task 'three'"):
+        bank.runner('three', cfg)
