@@ -216,7 +216,10 @@ def test_bank(args, extra, work_root: str, parser) -> None:
     if device == 'cpu':
         keep_freed_memory()
     start = time.perf_counter()
-    bank = AdapterBank.from_config(next(iter(configs.values())), device=device)
+    try:
+        bank = AdapterBank.from_config(next(iter(configs.values())), device=device)
+    except TypeError as error:  # no MoPPA backbone (a baseline's configs)
+        parser.error(f'test-bank --method {args.method}: {error}')
     base_seconds = time.perf_counter() - start
     added, switched = [], []
     for task, checkpoint in checkpoints.items():
