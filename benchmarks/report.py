@@ -4,7 +4,7 @@ import os
 import os.path as osp
 import platform
 import time
-from typing import List, Mapping
+from typing import List, Mapping, Optional
 
 import torch
 
@@ -74,17 +74,18 @@ def render(results: Mapping[str, SectionResult], device: torch.device, quick: bo
     return '\n'.join(lines)
 
 
-def merge(path: str, section: str, device: torch.device) -> None:
-    """Replace this device type's section of the report at ``path``, keep the
-    others (a section starts at a '## ' heading and is keyed by the text before
-    its first ':')."""
+def merge(path: str, section: str, device: Optional[torch.device] = None,
+          key: Optional[str] = None) -> None:
+    """Replace this device type's section (or the one under ``key``, e.g.
+    ``'Adapter bank'``) of the report at ``path``, keep the others (a section
+    starts at a '## ' heading and is keyed by the text before its first ':')."""
     sections = {}
     if osp.exists(path):
         with open(path) as f:
             text = f.read()
         for chunk in text.split('\n## ')[1:]:
             sections[chunk.split(':', 1)[0].strip()] = '## ' + chunk.rstrip() + '\n'
-    sections[device.type.upper()] = section
+    sections[key or device.type.upper()] = section
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     with open(path, 'w') as f:
         f.write(HEADER + '\n'.join(sections[k] for k in sorted(sections)))

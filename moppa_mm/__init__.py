@@ -57,5 +57,6 @@ def _allow_runner_checkpoints() -> None:
 
 _allow_runner_checkpoints()
 
+from .apis import AdapterBank  # noqa: E402,F401
 from .version import __version__  # noqa: E402,F401
 from .models import merge_adapters  # noqa: E402,F401

@@ -5,9 +5,13 @@ paper-shaped table (Markdown + CSV) with the paper's MoPPA row beside ours.
     python tools/vtab_sweep.py run --pretrain in21k-augreg [--gpus 8] [--tasks cifar dtd]
     # only gather the results of earlier runs
     python tools/vtab_sweep.py collect --pretrain in21k-augreg
+    # test every task's adapters (the runs' last checkpoints) on ONE base load
+    python tools/vtab_sweep.py test-bank --pretrain in21k-augreg [--tasks cifar dtd]
     # other backbones: --pretrain swin-b-p4-w7_in21k, --pretrain vit-l-p16_in21k
 
-Work dirs: <work-root>/<pretrain>/<task>/ (training) and .../<task>/test/ (test).
+Work dirs: <work-root>/<pretrain>/<task>/ (training) and .../<task>/test/ (test,
+as tools/test.py writes it, with run or test-bank). Configs: configs/vtab1k/, or
+--config-dir with files of the same names (e.g. copies with your data paths).
 Outputs: <out>.md and <out>.csv (default results/vtab1k_<pretrain>).
 
 Baselines (configs <method>_vit-b-p16_in21k-augreg-pre_vtab1k-<task>.py):
@@ -18,10 +22,12 @@ Their work dirs: <work-root>/<method>/<pretrain>/<task>/ (MoPPA's stay as above)
 outputs: results/vtab1k_<method>_<pretrain>, results/vtab1k_compare_<pretrain>.
 """
 import argparse
+import copy
 import os
 import os.path as osp
 import subprocess
 import sys
+import time
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -30,15 +36,19 @@ from moppa_mm.datasets import VTAB_TASKS  # noqa: E402
 from moppa_mm.evaluation import vtab_table  # noqa: E402
 
 
-def config_path(pretrain: str, task: str) -> str:
-    return osp.join(ROOT, 'configs', 'vtab1k',
+CONFIG_DIR = osp.join(ROOT, 'configs', 'vtab1k')
+
+
+def config_path(pretrain: str, task: str, config_dir: str = CONFIG_DIR) -> str:
+    return osp.join(config_dir,
                     f'moppa_{vtab_table.config_stem(pretrain)}-pre_vtab1k-{task}.py')
 
 
-def method_config_path(method: str, pretrain: str, task: str) -> str:
+def method_config_path(method: str, pretrain: str, task: str,
+                       config_dir: str = CONFIG_DIR) -> str:
     """The config of ``method`` (a config prefix, ``vtab_table.METHODS``):
     MoPPA's with its prefix swapped."""
-    path = config_path(pretrain, task)
+    path = config_path(pretrain, task, config_dir)
     return osp.join(osp.dirname(path), method + osp.basename(path)[len('moppa'):])
 
 
@@ -48,8 +58,9 @@ def method_work_root(work_root: str, method: str, pretrain: str) -> str:
     return osp.join(work_root, method, pretrain)
 
 
-def run_task(pretrain, task, work_dir, gpus, extra, method='moppa'):
-    config = method_config_path(method, pretrain, task)
+def run_task(pretrain, task, work_dir, gpus, extra, method='moppa',
+             config_dir=CONFIG_DIR):
+    config = method_config_path(method, pretrain, task, config_dir)
     if gpus > 1:
         train = ['bash', osp.join(ROOT, 'tools/dist_train.sh'), config, str(gpus)]
     else:
@@ -65,13 +76,14 @@ def run_task(pretrain, task, work_dir, gpus, extra, method='moppa'):
     subprocess.run(test + ['--work-dir', osp.join(work_dir, 'test')] + extra, check=True)
 
 
-def trainable_params(pretrain: str, method: str = 'moppa') -> float:
+def trainable_params(pretrain: str, method: str = 'moppa',
+                     config_dir: str = CONFIG_DIR) -> float:
     """Trainable parameters (M), averaged over the 19 tasks' heads."""
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
     init_default_scope('mmpretrain')
-    cfg = Config.fromfile(method_config_path(method, pretrain, 'cifar'))
+    cfg = Config.fromfile(method_config_path(method, pretrain, 'cifar', config_dir))
     backbone = cfg.model.backbone
     (backbone.module if backbone.type == 'LoRAModel' else backbone).init_cfg = None
     model = MODELS.build(cfg.model)
@@ -84,13 +96,15 @@ def trainable_params(pretrain: str, method: str = 'moppa') -> float:
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('mode', choices=('run', 'collect', 'compare'))
+    parser.add_argument('mode', choices=('run', 'test-bank', 'collect', 'compare'))
     parser.add_argument('--pretrain', required=True, choices=vtab_table.PRETRAINS)
     parser.add_argument('--method', default='moppa', choices=tuple(vtab_table.METHODS),
                         help='run / collect: the configs\' prefix (default: moppa)')
     parser.add_argument('--methods', nargs='+', choices=tuple(vtab_table.METHODS),
                         default=list(vtab_table.METHODS), help='compare: the rows')
     parser.add_argument('--work-root', default='work_dirs/vtab1k')
+    parser.add_argument('--config-dir', default=CONFIG_DIR,
+                        help='the per-task configs (default: configs/vtab1k)')
     parser.add_argument('--tasks', nargs='+', default=list(VTAB_TASKS))
     parser.add_argument('--gpus', type=int, default=1)
     parser.add_argument('--out', help='output path without extension')
@@ -103,16 +117,23 @@ def main():
                      f'{", ".join(VTAB_TASKS)}')
     if args.mode == 'compare':
         return compare(args)
-    if not osp.isfile(method_config_path(args.method, args.pretrain, 'cifar')):
+    first_config = method_config_path(args.method, args.pretrain, args.tasks[0],
+                                      args.config_dir)
+    if not osp.isfile(first_config):
         parser.error(f'no {args.method} configs for --pretrain {args.pretrain} '
-                     f'({method_config_path(args.method, args.pretrain, "<task>")})')
+                     f'({first_config})')
     work_root = method_work_root(args.work_root, args.method, args.pretrain)
     if args.mode == 'run':
         for task in args.tasks:
             run_task(args.pretrain, task, osp.join(work_root, task), args.gpus, extra,
-                     method=args.method)
+                     method=args.method, config_dir=args.config_dir)
+    elif args.mode == 'test-bank':
+        if args.gpus > 1:
+            parser.error('test-bank runs in one process (--gpus 1)')
+        test_bank(args, extra, work_root, parser)
     results = vtab_table.collect(work_root)
-    params = None if args.no_params else trainable_params(args.pretrain, args.method)
+    params = None if args.no_params else trainable_params(args.pretrain, args.method,
+                                                          args.config_dir)
     if args.method == 'moppa':
         rows = vtab_table.table(args.pretrain, results, params)
         name = args.pretrain
@@ -134,6 +155,93 @@ def write_outputs(rows, out: str) -> None:
     print(vtab_table.to_markdown(rows))
 
 
+def last_checkpoints(work_root: str, tasks) -> dict:
+    """``{task: checkpoint}`` from each run's ``<task>/last_checkpoint``;
+    tasks without one are named and left out."""
+    found = {}
+    for task in tasks:
+        marker = osp.join(work_root, task, 'last_checkpoint')
+        if not osp.isfile(marker):
+            print(f'test-bank: {task} left out: no {marker} (train it with `run`)')
+            continue
+        with open(marker) as f:
+            found[task] = f.read().strip()
+    return found
+
+
+def test_config(path: str, work_dir: str, cfg_options):
+    """The config as MMPretrain's tools/test.py makes it (no ``load_from``:
+    the bank holds the weights), checked as tools/test.py checks it."""
+    from launch import load_config  # tools/
+    from mmengine.config import ConfigDict
+    from preflight import check_config  # tools/
+    cfg = load_config(path, work_dir=work_dir)
+    cfg.load_from = None
+    loader = ConfigDict(pin_memory=True, collate_fn=dict(type='default_collate'))
+    loader.update(cfg.test_dataloader)
+    cfg.test_dataloader = loader
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    checked = copy.deepcopy(cfg)  # the base is loaded (and checked) once, by the bank
+    checked.model.backbone.init_cfg = None
+    check_config(checked, mode='test')
+    return cfg
+
+
+def test_bank(args, extra, work_root: str, parser) -> None:
+    """Every task's last checkpoint on one base load (``moppa_mm.AdapterBank``):
+    one Runner per task from its config on the bank's model, switched to the
+    task; it writes what ``tools/test.py --work-dir <task>/test`` writes."""
+    from mmengine.config import DictAction
+    from mmengine.device import get_device
+    from mmengine.evaluator import DumpResults
+
+    from moppa_mm import AdapterBank
+    from moppa_mm.utils.malloc import keep_freed_memory
+    options = argparse.ArgumentParser(prog='vtab_sweep.py test-bank')
+    options.add_argument('--cfg-options', nargs='+', action=DictAction,
+                         help='as tools/test.py\'s, for every task')
+    options.add_argument('--out-preds', metavar='DIR',
+                         help='each task\'s predictions to DIR/<task>.pkl (as '
+                         'tools/test.py --out)')
+    options = options.parse_args(extra)
+    cfg_options = options.cfg_options
+    checkpoints = last_checkpoints(work_root, args.tasks)
+    if not checkpoints:
+        parser.error(f'test-bank: no task has a checkpoint under {work_root}')
+    configs = {task: test_config(
+        method_config_path(args.method, args.pretrain, task, args.config_dir),
+        osp.join(work_root, task, 'test'), cfg_options) for task in checkpoints}
+    device = get_device()
+    if device == 'cpu':
+        keep_freed_memory()
+    start = time.perf_counter()
+    try:
+        bank = AdapterBank.from_config(next(iter(configs.values())), device=device)
+    except TypeError as error:  # no MoPPA backbone (a baseline's configs)
+        parser.error(f'test-bank --method {args.method}: {error}')
+    base_seconds = time.perf_counter() - start
+    added, switched = [], []
+    for task, checkpoint in checkpoints.items():
+        start = time.perf_counter()
+        bank.add(task, checkpoint, cfg=configs[task])
+        added.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        bank.use(task)
+        switched.append(time.perf_counter() - start)
+        runner = bank.runner(task, configs[task])
+        if options.out_preds:
+            runner.test_evaluator.metrics.append(
+                DumpResults(out_file_path=osp.join(options.out_preds, f'{task}.pkl')))
+        runner.test()
+    per_task = sum(bank.task_bytes(t) for t in bank.names()) / len(bank.names())
+    print(f'test-bank: {len(checkpoints)} tasks on one base ({bank.base_bytes() / 2**20:.1f} '
+          f'MiB, built and loaded in {base_seconds:.2f} s); per task: '
+          f'{per_task / 2**20:.2f} MiB of adapters and heads, added in '
+          f'{1e3 * sum(added) / len(added):.1f} ms, switched in '
+          f'{1e3 * sum(switched) / len(switched):.2f} ms')
+
+
 def compare(args) -> None:
     """Every method's collected results (ours) beside the paper's rows."""
     measured, params = {}, {}
@@ -141,8 +249,8 @@ def compare(args) -> None:
         measured[method] = vtab_table.collect(
             method_work_root(args.work_root, method, args.pretrain))
         if not args.no_params and osp.isfile(
-                method_config_path(method, args.pretrain, 'cifar')):
-            params[method] = trainable_params(args.pretrain, method)
+                method_config_path(method, args.pretrain, 'cifar', args.config_dir)):
+            params[method] = trainable_params(args.pretrain, method, args.config_dir)
     rows = vtab_table.comparison_table(args.pretrain, measured, params)
     out = args.out or osp.join('results', f'vtab1k_compare_{args.pretrain}')
     write_outputs(rows, out)

@@ -1,0 +1,402 @@
+"""Many tasks on one frozen base: :class:`AdapterBank`.
+
+A MoPPA model fine-tuned on many tasks shares its whole backbone but the
+adapters; every task's checkpoint is adapter-only (the adapters, the heads and
+the adapter record). Loading such a checkpoint the usual way
+(``load_state_dict``) checks it and restores or copies the base each time. A
+bank loads the base once and keeps, per task, only what differs::
+
+    bank = AdapterBank.from_config('configs/vtab1k/moppa_..._vtab1k-cifar.py')
+    bank.add('cifar', 'work_dirs/cifar/epoch_100.pth')
+    bank.add('dtd', 'work_dirs/dtd/epoch_100.pth', cfg=dtd_config)  # 47 classes
+    model = bank.use('dtd')        # the same model object, now dtd's
+    bank.runner('dtd', dtd_config).test()   # mmengine's Runner on it
+
+* **What a task holds.** The backbone's adapter tensors (the record says how
+  they were built), and one module per other child of the model (the head;
+  for a detector the neck and heads; the data preprocessor): built from the
+  task's config when one is given (another number of classes), else copies of
+  the bank model's own, with the checkpoint's tensors loaded strictly.
+* **Switching** copies the task's adapter tensors into the backbone's adapter
+  parameters (megabytes) and assigns its modules as the model's children. No
+  base tensor is read or written: not loaded, copied, or fingerprinted.
+* **Checks on** :meth:`AdapterBank.add`: the file loads with
+  ``weights_only=True`` and holds no NaN / infinite value; its adapter record
+  names the bank's architecture and adapter options and the fingerprint of
+  the bank's base; a full checkpoint's base tensors equal the bank's; every
+  shape fits. A mismatch names the task, the key and both values.
+"""
+import copy
+import os.path as osp
+from collections import OrderedDict
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+
+from moppa_mm.models.backbones.adapter_state import (RECORD_KEY,
+                                                     AdapterRecordMismatchError,
+                                                     AdapterStateMixin,
+                                                     PretrainedMismatchError,
+                                                     decode_record, full_state,
+                                                     is_adapter_key)
+from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file
+
+Checkpoint = Union[str, Mapping[str, Any]]
+
+
+def _few(items: List[str], n: int = 3) -> str:
+    return '; '.join(items[:n]) + (f'; ... ({len(items)} in all)' if len(items) > n else '')
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _read_config(cfg: Union[str, Config]) -> Config:
+    return Config.fromfile(cfg) if isinstance(cfg, str) else cfg
+
+
+def build_model(cfg: Union[str, Config], backbone: Optional[dict] = None) -> nn.Module:
+    """The model of ``cfg`` as mmengine's Runner builds it (the config's
+    default scope, ``cfg.data_preprocessor`` merged into ``cfg.model``);
+    ``backbone`` replaces the backbone's config."""
+    from mmengine.registry import MODELS, init_default_scope
+    cfg = _read_config(cfg)
+    init_default_scope(cfg.get('default_scope', 'mmengine'))
+    model_cfg = copy.deepcopy(cfg.model)
+    if cfg.get('data_preprocessor') is not None:
+        model_cfg.setdefault('data_preprocessor', copy.deepcopy(cfg.data_preprocessor))
+    if backbone is not None:
+        model_cfg.backbone = backbone
+    return MODELS.build(model_cfg)
+
+
+class _Task:
+    """One task of the bank: its adapter tensors and its modules."""
+
+    def __init__(self, source: str, adapters: Dict[str, torch.Tensor],
+                 modules: Dict[str, nn.Module]) -> None:
+        self.source = source
+        self.adapters = adapters
+        self.modules = modules
+
+    def to(self, device: torch.device) -> None:
+        self.adapters = {k: v.to(device) for k, v in self.adapters.items()}
+        for module in self.modules.values():
+            module.to(device)
+
+    @property
+    def device(self) -> Optional[torch.device]:
+        return next((v.device for v in self.adapters.values()), None)
+
+    def nbytes(self) -> int:
+        module_tensors = [t for m in self.modules.values()
+                          for t in m.state_dict().values() if isinstance(t, torch.Tensor)]
+        return _tensor_bytes(self.adapters.values()) + _tensor_bytes(module_tensors)
+
+
+class AdapterBank:
+    """One model with a MoPPA backbone whose pre-trained base is loaded once,
+    and the adapters and heads of many tasks, switched by name.
+
+    Args:
+        model (nn.Module): an mmpretrain classifier or mmdet detector whose
+            MoPPA backbone is one of its children, with its pre-trained base
+            loaded (``model.init_weights()``; :meth:`from_config` does it).
+        cfg (str | Config, optional): the config the model was built from;
+            :meth:`add` then checks that a task's config builds the same
+            backbone.
+
+    The bank switches ``model`` itself: :meth:`use` returns it. Task tensors
+    live on the device of the base; after ``model.to(device)`` the next
+    :meth:`use` moves the task's tensors once.
+    """
+
+    def __init__(self, model: nn.Module, cfg: Union[str, Config, None] = None) -> None:
+        backbones = [(n, m) for n, m in model.named_children()
+                     if isinstance(m, AdapterStateMixin)]
+        if len(backbones) != 1:
+            nested = [n for n, m in model.named_modules() if isinstance(m, AdapterStateMixin)]
+            raise TypeError(
+                f'AdapterBank needs a model with one MoPPA backbone among its children; '
+                f'{type(model).__name__} has {len(backbones)}'
+                + (f' (MoPPA backbones deeper in: {nested})' if nested else ''))
+        self.model = model
+        self.backbone_name, self.backbone = backbones[0]
+        self._backbone_cfg = _read_config(cfg).model.backbone if cfg is not None else None
+        # the model's own other children: what a task without a config copies
+        self._template = OrderedDict((n, m) for n, m in model.named_children()
+                                     if n != self.backbone_name)
+        with full_state(self.backbone):
+            own = self.backbone.state_dict(keep_vars=True)
+        own.pop(RECORD_KEY, None)
+        # the tensors a switch writes into (parameters and persistent buffers)
+        self._adapter_slots = OrderedDict((k, v) for k, v in own.items() if is_adapter_key(k))
+        # the frozen base: never written; read only to compare a full checkpoint's
+        self._base = OrderedDict((k, v) for k, v in own.items() if not is_adapter_key(k))
+        self._tasks: Dict[str, _Task] = OrderedDict()
+        self._active: Optional[str] = None
+
+    @classmethod
+    def from_config(cls, cfg: Union[str, Config],
+                    device: Union[str, torch.device, None] = None) -> 'AdapterBank':
+        """Build ``cfg``'s model, load its pre-trained base (``init_weights``:
+        the backbone's ``init_cfg``), put it on ``device`` in eval mode, and
+        wrap it in a bank."""
+        cfg = _read_config(cfg)
+        model = build_model(cfg)
+        model.init_weights()
+        if device is not None:
+            model.to(device)
+        model.eval()
+        return cls(model, cfg)
+
+    # ------------------------------------------------------------ queries
+    def names(self) -> List[str]:
+        """The tasks, in the order they were added."""
+        return list(self._tasks)
+
+    @property
+    def active(self) -> Optional[str]:
+        """The task the model holds now (None before the first :meth:`use`)."""
+        return self._active
+
+    def base_bytes(self) -> int:
+        """Bytes of the frozen base, held once."""
+        return _tensor_bytes(self._base.values())
+
+    def task_bytes(self, name: str) -> int:
+        """Bytes the bank holds for task ``name``: adapters and modules."""
+        return self._task(name).nbytes()
+
+    def base_fingerprint(self) -> Optional[str]:
+        """The fingerprint the backbone recorded when its base was loaded."""
+        base = self.backbone._base
+        return base.get('fingerprint') if base else None
+
+    def _task(self, name: str) -> _Task:
+        if name not in self._tasks:
+            raise KeyError(f'no task {name!r} in the adapter bank; it holds: '
+                           f'{", ".join(map(repr, self._tasks)) or "none"}')
+        return self._tasks[name]
+
+    def _device(self) -> torch.device:
+        return next(iter(self._base.values())).device
+
+    # ------------------------------------------------------------ changes
+    def add(self, name: str, checkpoint: Checkpoint,
+            cfg: Union[str, Config, None] = None) -> None:
+        """Keep task ``name``'s adapters and heads from ``checkpoint`` (a path,
+        a Runner checkpoint dict or a state dict). The model is not changed.
+
+        Args:
+            name: the task's name.
+            checkpoint: its fine-tuned checkpoint: adapter-only, or full with
+                the bank's base.
+            cfg: the task's config: its heads are built from it (another
+                number of classes than the bank's model). Without it, the
+                heads are copies of the bank model's and must fit.
+
+        Raises:
+            ValueError: ``name`` is in the bank already.
+            NonFiniteCheckpointError: a NaN or infinite value.
+            AdapterRecordMismatchError: the record names other options, or
+                another base (or a full checkpoint holds another base).
+            PretrainedMismatchError: keys or shapes do not fit.
+        """
+        if name in self._tasks:
+            raise ValueError(f'task {name!r} is in the adapter bank already; '
+                             'remove() it first to replace it')
+        source = checkpoint if isinstance(checkpoint, str) else '<state dict>'
+        what = f'AdapterBank: task {name!r} ({source})'
+        if isinstance(checkpoint, str):  # weights_only; NaN / inf refused
+            checkpoint = load_checkpoint_file(checkpoint, what=f'task {name!r} checkpoint')
+        else:
+            check_finite(checkpoint, what)
+        state = dict(checkpoint.get('state_dict', checkpoint))
+        if state and all(k.startswith('module.') for k in state):  # a wrapped model's
+            state = {k[len('module.'):]: v for k, v in state.items()}
+        inside = f'{self.backbone_name}.'
+        backbone_state = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
+        record = decode_record(backbone_state.pop(RECORD_KEY, None))
+        self._check_record(record, what)
+        self._check_base(backbone_state, record, what)
+        adapters = self._take_adapters(backbone_state, what)
+        others = {k: v for k, v in state.items() if not k.startswith(inside)}
+        modules = self._task_modules(others, cfg, what)
+        self._tasks[name] = _Task(source, adapters, modules)
+
+    def remove(self, name: str) -> None:
+        """Forget task ``name``. If it is the active one, the model keeps its
+        tensors until the next :meth:`use`."""
+        self._task(name)
+        del self._tasks[name]
+        if self._active == name:
+            self._active = None
+
+    def use(self, name: str) -> nn.Module:
+        """Switch the model to task ``name`` and return it: the task's adapter
+        tensors are copied into the backbone's adapters, its modules become the
+        model's children (in the model's train / eval mode). No base tensor is
+        touched."""
+        task = self._task(name)
+        device = self._device()
+        if task.device != device:
+            task.to(device)
+        slots, values = list(self._adapter_slots.values()), list(task.adapters.values())
+        with torch.no_grad():  # one fused copy (the slots' order is the task's)
+            torch._foreach_copy_(slots, values)
+        for child, module in task.modules.items():
+            module.train(self.model.training)
+            setattr(self.model, child, module)
+        self._active = name
+        return self.model
+
+    def runner(self, name: str, cfg: Union[str, Config]):
+        """mmengine's ``Runner.from_cfg(cfg)`` on the bank's model switched to
+        task ``name``: ``cfg.model`` is neither built nor loaded (it stays in
+        the dumped config). Without ``cfg.work_dir``: ``work_dirs/<config
+        name>``, as the tools choose it."""
+        from mmengine.runner import Runner
+        cfg = copy.deepcopy(_read_config(cfg))
+        if cfg.get('load_from'):
+            raise ValueError(
+                f'cfg.load_from = {cfg.load_from!r}: the Runner would load it into the '
+                f'bank\'s model, over task {name!r}; unset it (the bank holds the weights)')
+        if cfg.get('work_dir') is None:
+            stem = osp.splitext(osp.basename(cfg.filename))[0] if cfg.filename else name
+            cfg.work_dir = osp.join('./work_dirs', stem)
+        model = self.use(name)
+
+        class BankRunner(Runner):
+            """A Runner on the bank's model, built already."""
+
+            def build_model(self, _model_cfg) -> nn.Module:
+                return model
+
+        return BankRunner.from_cfg(cfg)
+
+    # ------------------------------------------------------------- checks
+    def _check_record(self, record: Optional[Dict[str, Any]], what: str) -> None:
+        if not self.backbone._valid_record(record):
+            raise AdapterRecordMismatchError(
+                f'{what} has no adapter record of a {type(self.backbone).__name__} '
+                f'(key {self.backbone_name}.{RECORD_KEY}): not a checkpoint of a MoPPA '
+                'model, or saved before moppa_mm recorded one; its adapters cannot be '
+                'checked against the bank\'s base')
+        mismatches = self.backbone._record_mismatches(record)
+        if mismatches:
+            raise AdapterRecordMismatchError(
+                f'{what} was built with other options than the bank\'s model; '
+                f'{len(mismatches)} differ:\n  ' + '\n  '.join(mismatches))
+
+    def _check_base(self, backbone_state: Dict[str, torch.Tensor],
+                    record: Dict[str, Any], what: str) -> None:
+        """Base tensors a checkpoint holds must equal the bank's; for those it
+        lacks, its record must name the bank's base by fingerprint."""
+        given = [k for k in backbone_state if not is_adapter_key(k)]
+        unknown = [k for k in given if k not in self._base]
+        if unknown:
+            raise PretrainedMismatchError(
+                f'{what} holds backbone tensors the bank\'s model does not have: '
+                f'{_few(sorted(unknown))}')
+        differ = [k for k in given if backbone_state[k].shape != self._base[k].shape
+                  or not torch.equal(backbone_state[k].to(self._base[k].device),
+                                     self._base[k].detach())]
+        if differ:
+            raise AdapterRecordMismatchError(
+                f'{what} holds {len(given)} base tensors; {len(differ)} differ from the '
+                f'bank\'s base, e.g. {_few(sorted(differ))}: a checkpoint of another '
+                'pre-trained base (or with its base fine-tuned) cannot share it')
+        if len(given) == len(self._base):
+            return  # self-contained, and its base is the bank's
+        recorded = (record.get('base') or {})
+        theirs, ours = recorded.get('fingerprint'), self.base_fingerprint()
+        if ours is None:
+            raise AdapterRecordMismatchError(
+                f'{what} is adapter-only, but the bank\'s model has no pre-trained base '
+                'loaded (call model.init_weights() with the backbone\'s init_cfg, or '
+                'use AdapterBank.from_config)')
+        if theirs != ours:
+            raise AdapterRecordMismatchError(
+                f'{what} was trained on another base; base.fingerprint: {theirs!r} '
+                f'({recorded.get("checkpoint")!r}) in the checkpoint, {ours!r} '
+                f'({self.backbone._base.get("checkpoint")!r}) in the bank\'s model')
+
+    def _take_adapters(self, backbone_state: Dict[str, torch.Tensor],
+                       what: str) -> Dict[str, torch.Tensor]:
+        given = {k: v for k, v in backbone_state.items() if is_adapter_key(k)}
+        missing = [k for k in self._adapter_slots if k not in given]
+        unknown = [k for k in given if k not in self._adapter_slots]
+        if missing or unknown:
+            raise PretrainedMismatchError(
+                f'{what} does not hold the adapters of the bank\'s model: '
+                + (f'{len(missing)} missing, e.g. {_few(missing)}. ' if missing else '')
+                + (f'{len(unknown)} unknown, e.g. {_few(unknown)}' if unknown else ''))
+        wrong = [f'{self.backbone_name}.{k}: {tuple(v.shape)} in the checkpoint, '
+                 f'{tuple(self._adapter_slots[k].shape)} in the model'
+                 for k, v in given.items() if v.shape != self._adapter_slots[k].shape]
+        if wrong:
+            raise PretrainedMismatchError(
+                f'{what}: {len(wrong)} adapter tensors have other shapes than the '
+                f'bank\'s (another image size or patch grid?): {_few(wrong)}')
+        device = self._device()
+        return OrderedDict((k, given[k].to(device=device, dtype=slot.dtype).clone())
+                           for k, slot in self._adapter_slots.items())
+
+    def _task_modules(self, state: Dict[str, torch.Tensor],
+                      cfg: Union[str, Config, None], what: str) -> Dict[str, nn.Module]:
+        """The task's copy of every child of the model but the backbone, with
+        the checkpoint's tensors loaded."""
+        if cfg is None:
+            modules = OrderedDict((n, copy.deepcopy(m)) for n, m in self._template.items())
+            hint = (' The task has other heads than the bank\'s model: give its config '
+                    '(add(..., cfg=...)) to build them.')
+        else:
+            modules = self._modules_from_config(_read_config(cfg), what)
+            hint = ' Is the config the task\'s?'
+        own = {f'{n}.{k}': v for n, m in modules.items() for k, v in m.state_dict().items()}
+        missing = [k for k in own if k not in state]
+        unknown = [k for k in state if k not in own]
+        wrong = [f'{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(v.shape)} in '
+                 'the model' for k, v in own.items()
+                 if k in state and tuple(state[k].shape) != tuple(v.shape)]
+        if missing or unknown or wrong:
+            raise PretrainedMismatchError(
+                f'{what} does not fit the modules around the backbone: '
+                + (f'{len(wrong)} shapes differ: {_few(wrong)}. ' if wrong else '')
+                + (f'{len(missing)} missing: {_few(missing)}. ' if missing else '')
+                + (f'{len(unknown)} unknown: {_few(unknown)}.' if unknown else '') + hint)
+        device = self._device()
+        for child, module in modules.items():
+            prefix = f'{child}.'
+            module.load_state_dict({k[len(prefix):]: v for k, v in state.items()
+                                    if k.startswith(prefix)}, strict=True)
+            module.to(device)
+        return modules
+
+    def _modules_from_config(self, cfg: Config, what: str) -> Dict[str, nn.Module]:
+        """The children of ``cfg``'s model but the backbone, built without
+        the backbone (a stand-in takes its place)."""
+        backbone_cfg = cfg.model.backbone
+        if self._backbone_cfg is not None:
+            ours = {k: v for k, v in self._backbone_cfg.to_dict().items() if k != 'init_cfg'}
+            theirs = {k: v for k, v in backbone_cfg.to_dict().items() if k != 'init_cfg'}
+            differ = [f'model.backbone.{k}: {theirs.get(k, "(unset)")!r} in the task\'s '
+                      f'config, {ours.get(k, "(unset)")!r} in the bank\'s'
+                      for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+            if differ:
+                raise AdapterRecordMismatchError(
+                    f'{what}: the task\'s config builds another backbone than the '
+                    f'bank\'s: {_few(differ)}')
+        model = build_model(cfg, backbone=dict(type=nn.Identity))
+        children = OrderedDict((n, m) for n, m in model.named_children()
+                               if n != self.backbone_name)
+        if list(children) != list(self._template):
+            raise PretrainedMismatchError(
+                f'{what}: the task\'s config builds a {type(model).__name__} with the '
+                f'parts {list(children)} around its backbone; the bank\'s model, a '
+                f'{type(self.model).__name__}, has {list(self._template)}')
+        return children
