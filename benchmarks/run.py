@@ -2,7 +2,7 @@
 shift, and LoRA, in ONE process; checks the targets of benchmarks/targets.py
 and writes this device type's section of docs/benchmarks.md (or --out).
 
-    .venv/bin/python benchmarks/run.py                  # full: ~7-10 min on 2 CPU cores
+    .venv/bin/python benchmarks/run.py                  # full: ~20 min on 2 idle CPU cores
     .venv/bin/python benchmarks/run.py --sections vit   # one section (see --help)
     .venv/bin/python benchmarks/run.py --quick          # tiny sizes: checks the harness
     python benchmarks/run.py --device cuda              # the CUDA section, beside the CPU one
