@@ -41,10 +41,13 @@ SHAPES: Dict[str, Mask] = {
     'ring': lambda u, v, r: (r > 0.5) & (r < 0.95),
     'plus': lambda u, v, r: _box(u, v, 0.25, 0.9) | _box(u, v, 0.9, 0.25),
     'triangle': lambda u, v, r: (v > -0.6) & (u.abs() < (0.9 - v) * 0.55),
-    'diamond': lambda u, v, r: u.abs() + v.abs() < 0.95,
+    # no class is another rotated by less than 90 degrees (a square turned 45
+    # degrees would be a diamond, a plus an x): rotations of up to 34 degrees
+    # would make such pairs ambiguous
+    'rhombus': lambda u, v, r: u.abs() / 0.95 + v.abs() / 0.5 < 1,
     'bar': lambda u, v, r: _box(u, v, 0.95, 0.28),
     'hollow_square': lambda u, v, r: _box(u, v, 0.85, 0.85) & ~_box(u, v, 0.45, 0.45),
-    'x_cross': lambda u, v, r: ((u.abs() - v.abs()).abs() < 0.28) & (r < 1.0),
+    'chevron': lambda u, v, r: ((v + 0.35 - 0.9 * u.abs()).abs() < 0.28) & (u.abs() < 0.9),
     'half_disk': lambda u, v, r: (r < 0.95) & (v > 0),
     'two_dots': lambda u, v, r: ((u - 0.5)**2 + v**2 < 0.16) | ((u + 0.5)**2 + v**2 < 0.16),
     'star': lambda u, v, r: r < 0.5 + 0.42 * torch.cos(5 * _angle(u, v)),

@@ -75,6 +75,7 @@ from shapes_data import SOURCE_CLASSES, TRANSFER_CLASSES, make_images  # noqa: E
 import moppa_mm  # noqa: E402,F401
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer  # noqa: E402
 from moppa_mm.models.converters import plain_to_lora_keys  # noqa: E402
+from moppa_mm.models.moppa_config import MoPPAConfig  # noqa: E402
 from moppa_mm.operators import EXPERTS, moppa_units  # noqa: E402
 
 SECTION_BEGIN = '<!-- transfer.py: begin -->'
@@ -82,16 +83,19 @@ SECTION_END = '<!-- transfer.py: end -->'
 
 SETTINGS = {
     'full': dict(img_size=32, stem=16, patch_size=1, embed_dims=64, num_layers=4,
-                 num_heads=4, ffn=128, pretrain_per_class=500, pretrain_epochs=16,
-                 pretrain_lr=2e-3, val_per_class=40, target_val_per_class=20,
+                 num_heads=4, ffn=128, pretrain_per_class=500, pretrain_epochs=36,
+                 pretrain_lr=5e-3, pretrain_batch=128, pretrain_threads=2,
+                 val_per_class=100, target_val_per_class=20,
                  test_per_class=50, shots=10, steps=50, long_factor=4, batch=32, seeds=3),
     'quick': dict(img_size=16, stem=4, patch_size=1, embed_dims=16, num_layers=2,
                   num_heads=2, ffn=32, pretrain_per_class=4, pretrain_epochs=1,
-                  pretrain_lr=2e-3, val_per_class=2, target_val_per_class=2,
+                  pretrain_lr=2e-3, pretrain_batch=16, pretrain_threads=1,
+                  val_per_class=2, target_val_per_class=2,
                   test_per_class=2, shots=2, steps=2, long_factor=2, batch=8, seeds=2),
 }
 PRETRAIN_KEYS = ('img_size', 'stem', 'patch_size', 'embed_dims', 'num_layers', 'num_heads',
-                 'ffn', 'pretrain_per_class', 'pretrain_epochs', 'pretrain_lr', 'val_per_class')
+                 'ffn', 'pretrain_per_class', 'pretrain_epochs', 'pretrain_lr', 'pretrain_batch',
+                 'val_per_class')
 # learning rates: half-decade steps (1, 3 x 10^k); each method starts from
 # three of them and the grid grows until the chosen one is interior
 LR_LADDER = tuple(m * 10.0**e for e in range(-6, 1) for m in (1, 3))[:-1]  # 1e-6 .. 1
@@ -100,6 +104,8 @@ ADAPTER_START = (3e-3, 1e-2, 3e-2)
 MAX_EXTENSIONS = 4
 PAIRS = [(init, heat) for init in ('paper', 'identity') for heat in ('raw', 'softplus')]
 FAMILY = 'MoPPA + scale & shift'
+# the unit options of the shipped configs (the backbones' defaults)
+SHIPPED = (MoPPAConfig.init_mode, MoPPAConfig.heat_param)
 
 
 # -------------------------------------------------------------------- models
@@ -224,25 +230,32 @@ def evaluate(model: Classifier, images: torch.Tensor, labels: torch.Tensor,
 
 
 def pretrain(s: dict, seed: int = 0) -> Tuple[dict, Dict[str, float]]:
-    """The hybrid ViT + head on the source classes (flip augmentation,
-    one-cycle AdamW). Returns the state dicts (stem, vit, head) and the
-    source train / val accuracy."""
+    """The hybrid ViT + head on the source classes: fresh scenes every epoch
+    (``pretrain_per_class`` per class; flip augmentation), one-cycle AdamW,
+    ``pretrain_threads`` intra-op threads. Returns the state dicts (stem, vit,
+    head) and the source accuracy on the last epoch's scenes ("train") and on
+    held-out scenes ("val")."""
     started = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(s['pretrain_threads'])
     torch.manual_seed(seed)
-    images, labels = make_images(SOURCE_CLASSES, s['pretrain_per_class'], s['img_size'], seed=100)
     val_images, val_labels = make_images(SOURCE_CLASSES, s['val_per_class'], s['img_size'],
                                          seed=101)
     backbone = VisionTransformer(**vit_kwargs(s))
     backbone.init_weights()
     model = Classifier(make_stem(s), backbone, s['embed_dims'], len(SOURCE_CLASSES))
-    batch = 64
-    steps = s['pretrain_epochs'] * math.ceil(len(images) / batch)
+    batch = s['pretrain_batch']
+    per_epoch = s['pretrain_per_class'] * len(SOURCE_CLASSES)
+    steps = s['pretrain_epochs'] * math.ceil(per_epoch / batch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s['pretrain_lr'], weight_decay=0.05)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=s['pretrain_lr'], total_steps=steps, pct_start=0.1)
-    for _ in range(s['pretrain_epochs']):
+    for epoch in range(s['pretrain_epochs']):
+        # new scenes each epoch (drawn in ~1 s): the model cannot memorise them
+        images, labels = make_images(SOURCE_CLASSES, s['pretrain_per_class'],
+                                     s['img_size'], seed=100 + 1000 * epoch)
         model.train()
-        for idx in torch.randperm(len(images)).split(batch):
+        for idx in torch.randperm(per_epoch).split(batch):
             flip = torch.rand(len(idx)) < 0.5
             batch_images = torch.where(flip[:, None, None, None], images[idx].flip(-1),
                                        images[idx])
@@ -251,9 +264,10 @@ def pretrain(s: dict, seed: int = 0) -> Tuple[dict, Dict[str, float]]:
             loss.backward()
             optimizer.step()
             schedule.step()
-    accuracy = dict(train=evaluate(model, images[:2000], labels[:2000]),
+    accuracy = dict(train=evaluate(model, images, labels),
                     val=evaluate(model, val_images, val_labels),
                     seconds=time.perf_counter() - started)
+    torch.set_num_threads(threads)
     state = dict(stem=model.stem.state_dict(), vit=model.backbone.state_dict(),
                  head=model.head.state_dict())
     return state, accuracy
@@ -298,9 +312,18 @@ def movement(before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor]) ->
 
 def finetune(spec: dict, s: dict, state: dict, lr: float, seed: int, steps: int,
              data: dict) -> Dict[str, float]:
-    """One run; ``diverged`` when a loss or a parameter turns non-finite."""
+    """One run; ``diverged`` when a loss or a parameter turns non-finite.
+
+    Runs of one seed are paired across methods: the same training images, the
+    same head initialisation and the same batch order (a generator of their
+    own, untouched by what the method draws for its adapters)."""
     torch.manual_seed(seed)
     model = build_model(spec, s, state, len(TRANSFER_CLASSES))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # nn.Linear's own init, drawn from the seed's generator
+        bound = 1 / math.sqrt(s['embed_dims'])
+        model.head.weight.uniform_(-bound, bound, generator=generator)
+        model.head.bias.uniform_(-bound, bound, generator=generator)
     images, labels = make_images(TRANSFER_CLASSES, s['shots'], s['img_size'],
                                  seed=1000 + seed, domain='target')
     params = [p for p in model.parameters() if p.requires_grad]
@@ -315,7 +338,7 @@ def finetune(spec: dict, s: dict, state: dict, lr: float, seed: int, steps: int,
     losses = []
     for step in range(steps):
         if len(order) < s['batch']:
-            order = torch.cat([order, torch.randperm(len(images))])
+            order = torch.cat([order, torch.randperm(len(images), generator=generator)])
         idx, order = order[:s['batch']], order[s['batch']:]
         loss = F.cross_entropy(model(images[idx]), labels[idx])
         losses.append(loss.item())
@@ -470,7 +493,9 @@ def cached_pretrain(s: dict, cache_dir: Optional[str]) -> Tuple[dict, Dict[str, 
     if not cache_dir:
         return pretrain(s)
     used = {k: v for k, v in s.items() if k in PRETRAIN_KEYS}
-    key = hashlib.sha1(repr(sorted(used.items())).encode()).hexdigest()[:12]
+    with open(osp.join(ROOT, 'benchmarks', 'shapes_data.py'), 'rb') as f:
+        scenes = f.read()  # another way of drawing the scenes: another model
+    key = hashlib.sha1(repr(sorted(used.items())).encode() + scenes).hexdigest()[:12]
     path = osp.join(cache_dir, f'pretrained_hybrid_{key}.pth')
     if osp.exists(path):
         saved = torch.load(path, weights_only=True)
@@ -482,7 +507,7 @@ def cached_pretrain(s: dict, cache_dir: Optional[str]) -> Tuple[dict, Dict[str, 
 
 
 def run(s: dict, methods: Optional[List[str]], log=print, cache_dir: Optional[str] = None,
-        workers: int = 1, recipe: Tuple[str, str] = ('paper', 'softplus'),
+        workers: int = 1, recipe: Tuple[str, str] = SHIPPED,
         long: bool = True) -> dict:
     started = time.perf_counter()
     state, pre_acc = cached_pretrain(s, cache_dir)  # one thread: see the docstring
@@ -551,10 +576,25 @@ def _moved_cell(budget: dict) -> str:
     return ', '.join(f'{k} {statistics.mean(m[k] for m in moved):.2g}' for k in keys)
 
 
+def paired_delta(tests: List[float], reference: Optional[List[float]]) -> str:
+    """Mean ± std over seeds of ``tests[i] - reference[i]``: each seed's runs
+    share their training images, head initialisation and batch order, so the
+    seeds' common part of the noise cancels."""
+    if not reference or len(tests) != len(reference) or tests is reference:
+        return '-'
+    if any(math.isnan(v) for v in tests + reference):
+        return 'diverged'
+    deltas = [a - b for a, b in zip(tests, reference)]
+    std = statistics.stdev(deltas) if len(deltas) > 1 else 0.0
+    return f'{statistics.mean(deltas):+.1f} ± {std:.1f}'
+
+
 def markdown(result: dict) -> str:
     s = result['settings']
     budgets = list(result['rows'][0]['budgets']) if result['rows'] else []
     recipe = result['recipe']
+    reference = {row['method']: row for row in result['rows']}.get(
+        f'{FAMILY} ({recipe[0]} init, {recipe[1]} heat)')
     lines = [
         SECTION_BEGIN,
         '## Transfer on generated scenes (`benchmarks/transfer.py`)',
@@ -586,7 +626,9 @@ def markdown(result: dict) -> str:
         f'(`route_loss_weight=1`, Eq. 13 by step) wherever there are MoPPA units. LoRA rank '
         f'{result["lora_rank"]} on qkv (alpha = rank) matches MoPPA + scale & shift\'s '
         f'trainable count. The ablations and the wave rows change one thing of the '
-        f'`{recipe[0]}` init, `{recipe[1]}` heat recipe.',
+        f'`{recipe[0]}` init, `{recipe[1]}` heat recipe. "Δ": test accuracy minus that '
+        f'recipe\'s, mean ± std over the seeds of the per-seed differences (a seed\'s runs '
+        f'share their training images, head initialisation and batch order).',
         '',
         '"At init": before any step, on the source validation set with the pre-trained '
         'head: its accuracy, and how far the class-token features moved '
@@ -596,8 +638,8 @@ def markdown(result: dict) -> str:
         '',
         '| method | trainable | source acc. at init | feature change at init | '
         + ' | '.join(f'{b} steps: val. acc. per lr (seed 0) | {b} steps: lr | '
-                     f'**{b} steps: test acc.**' for b in budgets) + ' | moved |',
-        '|---|---:|---:|---:|' + '---|---:|---:|' * len(budgets) + '---|',
+                     f'**{b} steps: test acc.** | {b} steps: Δ' for b in budgets) + ' | moved |',
+        '|---|---:|---:|---:|' + '---|---:|---:|---:|' * len(budgets) + '---|',
     ]
     for row in result['rows']:
         cells = []
@@ -606,7 +648,8 @@ def markdown(result: dict) -> str:
             test = mean_std(budget['test'])
             if budget['seed_diverged']:
                 test += f' ({budget["seed_diverged"]} seed(s) diverged)'
-            cells += [_grid_cell(budget), _lr_cell(budget), test]
+            delta = paired_delta(budget['test'], reference and reference['budgets'][b]['test'])
+            cells += [_grid_cell(budget), _lr_cell(budget), test, delta]
         lines.append(f'| {row["method"]} | {row["trainable"]:,} | '
                      f'{row["init"]["source_acc"]:.1f} | {row["init"]["drift"]:.1f}% | '
                      + ' | '.join(cells) + f' | {_moved_cell(row["budgets"][budgets[-1]])} |')
@@ -639,9 +682,10 @@ def parse_args():
                         help='only the methods whose name contains one of these')
     parser.add_argument('--workers', type=int, default=2,
                         help='trainings at once, one thread each (default 2)')
-    parser.add_argument('--recipe', nargs=2, default=('paper', 'softplus'),
+    parser.add_argument('--recipe', nargs=2, default=SHIPPED,
                         metavar=('INIT_MODE', 'HEAT_PARAM'),
-                        help='the unit options the ablations start from')
+                        help='the unit options the ablations start from and the other '
+                        'rows are compared with (default: the shipped ones, %(default)s)')
     parser.add_argument('--short-only', action='store_true', help='skip the longer budget')
     parser.add_argument('--cache-dir', help='keep the pre-trained model here and reuse it '
                         'when the settings match (default: pre-train every run)')

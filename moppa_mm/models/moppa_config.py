@@ -15,12 +15,13 @@ class MoPPAConfig:
     """The options of every :class:`~moppa_mm.operators.MoPPAUnit` of a backbone.
 
     The defaults are the recipe the shipped configs train with, so a config
-    that only changes its backbone's ``type`` trains the same method:
-    ``init_mode='identity'`` (a zero-initialised gate makes every unit the
-    identity at step 0, so the frozen backbone's output is unchanged) and
-    ``heat_param='softplus'`` (k, t >= 0: heat only damps). ``MoPPAUnit``'s own
-    defaults are the paper's Eq. 11 as written (``'paper'``, ``'raw'``). Each
-    field is the unit argument of the same name.
+    that only changes its backbone's ``type`` trains the same method: the
+    paper's Eq. 11 and initialisation (``init_mode='paper'``) with the heat
+    expert's k and t held through softplus (``heat_param='softplus'``: k, t >= 0,
+    heat only damps; the paper's raw k, t lost 5-7 points on the transfer
+    benchmark, docs/accuracy.md). ``MoPPAUnit``'s own defaults are Eq. 11 exactly
+    as written (``'paper'``, ``'raw'``). Each field is the unit argument of the
+    same name.
 
     Args:
         eta (float): Stabiliser of the Poisson division ``1 / (w^2 + eta)``.
@@ -30,7 +31,8 @@ class MoPPAConfig:
         source_init_std (float): Std of the Poisson source factors at init.
         resize_mode (str): Interpolation of frequency maps to another grid.
         experts (tuple[str]): Priors in use (ablations: paper Table 4).
-        init_mode (str): ``'identity'`` (shipped) or ``'paper'``.
+        init_mode (str): ``'paper'`` (shipped) or ``'identity'`` (a zero
+            gate: the unit starts as the identity).
         heat_param (str): ``'softplus'`` (shipped) or ``'raw'`` (paper).
     """
 
@@ -41,7 +43,7 @@ class MoPPAConfig:
     source_init_std: float = 1e-2
     resize_mode: str = 'bicubic'
     experts: Tuple[str, ...] = EXPERTS
-    init_mode: str = 'identity'
+    init_mode: str = 'paper'
     heat_param: str = 'softplus'
 
     def __post_init__(self) -> None:

@@ -2,6 +2,7 @@
 minuscule settings and report what they measured (no accuracy is asserted)."""
 import subprocess
 
+from moppa_mm.models.moppa_config import MoPPAConfig
 from tests.conftest import PYTHON, REPO, child_env
 
 
@@ -25,6 +26,17 @@ def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
     # header, three baselines, four init x heat pairs, five ablations, two wave starts
     assert len(rows) == 1 + 3 + 4 + 5 + 2
     assert '2 steps: lr' in rows[0] and '4 steps: lr' in rows[0]  # both budgets
+    # every row is compared with the shipped recipe, seed by seed (paired)
+    header = rows[0].split(' | ')
+    delta_columns = [i for i, cell in enumerate(header) if cell.endswith('steps: Δ')]
+    assert len(delta_columns) == 2, header
+    init_mode, heat_param = MoPPAConfig.init_mode, MoPPAConfig.heat_param
+    (shipped, ) = [r for r in rows if f'({init_mode} init, {heat_param} heat) |' in r
+                   and r.startswith('| MoPPA + scale & shift')]
+    assert all(shipped.split(' | ')[i] == '-' for i in delta_columns), shipped
+    for row in rows[1:]:
+        if row is not shipped:
+            assert all(' ± ' in row.split(' | ')[i] for i in delta_columns), row
     # the identity init leaves the pre-trained features exactly where they were
     identity = [r for r in rows if 'identity init' in r]
     assert all('| 0.0% |' in r for r in identity), identity

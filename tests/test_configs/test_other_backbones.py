@@ -15,12 +15,11 @@ from tests.conftest import REPO
 
 # stem -> (backbone class, trainable backbone parameters: MoPPA units + scale & shift)
 FAMILIES = {
-    # window units 57,648 + identity gates 24 * 32; scale & shift
-    # 2 * (7 * sum(depth * C) + 128) = 168,704
-    'swin-b-p4-w7_in21k': ('MoPPASwinTransformerCls', 57_648 + 768 + 168_704),
-    # units 24 * (3 * (196 * 16 + 64) + 3) = 230,472 + identity gates 24 * 64;
+    # window units 57,648; scale & shift 2 * (7 * sum(depth * C) + 128) = 168,704
+    'swin-b-p4-w7_in21k': ('MoPPASwinTransformerCls', 57_648 + 168_704),
+    # units 24 * (3 * (196 * 16 + 64) + 3) = 230,472;
     # scale & shift 2 * (24 * 7 * 1024 + 1024) = 346,112
-    'vit-l-p16_in21k': ('MoPPAVisionTransformer', 230_472 + 1536 + 346_112),
+    'vit-l-p16_in21k': ('MoPPAVisionTransformer', 230_472 + 346_112),
 }
 
 

@@ -106,7 +106,7 @@ def test_the_base_comes_back_from_the_record(trained_classifier):
 
 @pytest.mark.parametrize('option, value, key', [
     ('heat_param', 'raw', 'moppa_cfg.heat_param'),
-    ('init_mode', 'paper', 'moppa_cfg.init_mode'),
+    ('init_mode', 'identity', 'moppa_cfg.init_mode'),
     ('eta', 1e-2, 'moppa_cfg.eta'),
     ('experts', ('heat', 'wave'), 'moppa_cfg.experts'),
 ])
@@ -203,7 +203,7 @@ def detector(shapes_data, tmp_path_factory):
 
 @pytest.mark.parametrize('change, key', [
     (dict(moppa_cfg=dict(heat_param='raw')), 'moppa_cfg.heat_param'),
-    (dict(moppa_cfg=dict(init_mode='paper')), 'moppa_cfg.init_mode'),
+    (dict(moppa_cfg=dict(init_mode='identity')), 'moppa_cfg.init_mode'),
     (dict(moppa_cfg=dict(eta=0.5)), 'moppa_cfg.eta'),
     (dict(use_moppa=False), 'adapters.use_moppa'),
     (dict(use_scale_shift=True), 'adapters.use_scale_shift'),
@@ -229,6 +229,23 @@ def test_detector_with_other_classes_stops(detector):
                         map_location='cpu')
 
 
+def test_old_identity_checkpoint_without_a_record_is_refused(trained_classifier, tmp_path):
+    """A record-less checkpoint of the earlier default (identity init) holds
+    gate tensors the model lacks: torch would drop them as unexpected keys
+    and the units would run without their gates."""
+    cfg = classifier_cfg(trained_classifier['pretrained'], moppa_cfg=dict(init_mode='identity'))
+    model = build(cfg)
+    model.init_weights()
+    path = str(tmp_path / 'old_identity.pth')
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith('_extra_state')}
+    torch.save({'state_dict': state}, path)
+    with pytest.raises(AdapterRecordMismatchError, match=r"(?s)2 adapter tensors this model "
+                       r"does not have: .*layers.0.moppa.gate.*init_mode='identity'"):
+        load_checkpoint(build(classifier_cfg(trained_classifier['pretrained'])), path,
+                        map_location='cpu')
+    load_checkpoint(build(cfg), path, map_location='cpu')  # with its options it loads
+
+
 def test_old_checkpoint_without_a_record_still_loads(trained_classifier, tmp_path):
     checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
     del checkpoint['state_dict']['backbone._extra_state']
@@ -248,8 +265,8 @@ def test_new_task_from_adapters_with_the_override(trained_classifier):
     head = model.head.layers.head.weight.clone()
     load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
     torch.testing.assert_close(model.head.layers.head.weight, head)  # kept its init
-    trained = trained_classifier['model'].backbone.layers[0].moppa.gate
-    torch.testing.assert_close(model.backbone.layers[0].moppa.gate, trained)
+    trained = trained_classifier['model'].backbone.layers[0].moppa.source_channel
+    torch.testing.assert_close(model.backbone.layers[0].moppa.source_channel, trained)
 
 
 def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):

@@ -322,6 +322,16 @@ class AdapterStateMixin:
             self._compare_record(record, where)  # before shapes: it names the cause
         own = self._own_full_state()
         self._check_shapes(incoming, own, where)
+        foreign = [k for k in given_adapters if k not in own]
+        if foreign:  # torch would drop them as unexpected keys: another unit
+            gate = any(k.endswith('.gate') for k in foreign)
+            self._stop_or_warn(
+                f'{name}: the state dict{where} holds {len(foreign)} adapter tensors '
+                f'this model does not have: {_few(foreign)}. The adapters were built '
+                'with other options (unit experts, init_mode, switches)'
+                + (": its '.gate' tensors come from moppa_cfg.init_mode='identity'"
+                   if gate else '') + '; build the model with the options they were '
+                'trained with.')
         if not given_adapters:
             self._accept_base(incoming, params, where)
             for key in adapters:  # init_weights resets them: no missing-key noise

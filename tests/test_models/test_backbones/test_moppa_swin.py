@@ -119,8 +119,13 @@ def test_trainable_set_and_init_weights_keep_adapters_neutral():
     sum(o.sum() for o in outs).backward()
     for name, param in moppa.named_parameters():
         assert (param.grad is not None) == param.requires_grad, name
-    # the shipped units start as the identity: the zero gate gets the gradient
-    assert moppa.stages[0].blocks[0].moppa.gate.grad.abs().sum() > 0
+    # the shipped units start as Eq. 11 (init_mode='paper'): no gate, and every
+    # expert's parameters get a gradient at step 0
+    unit = moppa.stages[0].blocks[0].moppa
+    assert not hasattr(unit, 'gate')
+    for name in ('heat_coef', 'heat_time', 'wave_coef', 'wave_time', 'source_freq',
+                 'source_channel'):
+        assert getattr(unit, name).grad.abs().sum() > 0, name
     assert moppa.stages[0].blocks[0].conv_adapter.up.weight.grad.abs().sum() > 0
 
 
@@ -185,7 +190,6 @@ def test_deepcopy_gives_the_copy_its_own_adapters():
         before = moppa(x)
         clone.stages[0].blocks[0].moppa.route_logits.copy_(
             torch.tensor([2.0, -1.0, 0.5]))
-        clone.stages[0].blocks[0].moppa.gate.fill_(1.0)  # Eq. 11 in full
         after = moppa(x)
         changed = clone(x)
     torch.testing.assert_close(before[0], after[0])  # original untouched
@@ -205,8 +209,8 @@ def test_swin_b_budget_matches_paper():
     assert abs(trainable / 3.18e6 - 1) < 0.05, trainable
     assert counts['pretrained']['trainable'] == 0
     # per block: heat, wave, poisson L*N + C/N each, router 3; L = 49 window
-    # tokens; the shipped identity init's gate C/N
-    expected_moppa = sum(d * (3 * (49 * n + c // n) + 3 + c // n) for d, n, c in zip(
+    # tokens (the shipped init_mode='paper' has no gate)
+    expected_moppa = sum(d * (3 * (49 * n + c // n) + 3) for d, n, c in zip(
         [2, 2, 18, 2], [4, 8, 16, 32], [128, 256, 512, 1024]))
     assert counts['moppa']['total'] == expected_moppa
 

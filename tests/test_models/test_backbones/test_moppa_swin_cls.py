@@ -135,7 +135,7 @@ def test_swin_b_vtab_budget():
     print('\n' + model.parameter_report())
     depths, heads, dims = [2, 2, 18, 2], [4, 8, 16, 32], [128, 256, 512, 1024]
     assert counts['moppa']['trainable'] == sum(
-        d * (3 * (49 * n + c // n) + 3 + c // n)  # + the identity init's gate
+        d * (3 * (49 * n + c // n) + 3)  # init_mode='paper': no gate
         for d, n, c in zip(depths, heads, dims))
     # value + output projection + fc1 (4C) + fc2, scale and shift; patch embedding
     assert counts['scale_shift']['trainable'] == 2 * (

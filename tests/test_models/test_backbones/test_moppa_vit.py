@@ -136,9 +136,8 @@ def test_vit_b_budgets_match_the_paper():
 def test_vit_l_builds():
     model = MoPPAVisionTransformer(arch='l', img_size=224, patch_size=16)
     counts = model.parameter_breakdown()
-    # heat, wave, poisson L*N + C/N each, router 3, the identity init's gate C/N
-    assert counts['moppa']['trainable'] == 24 * (3 * (196 * 16 + 1024 // 16) + 3
-                                                 + 1024 // 16)
+    # heat, wave, poisson L*N + C/N each, router 3 (init_mode='paper': no gate)
+    assert counts['moppa']['trainable'] == 24 * (3 * (196 * 16 + 1024 // 16) + 3)
     assert counts['pretrained']['trainable'] == 0
 
 
