@@ -322,16 +322,6 @@ class AdapterStateMixin:
             self._compare_record(record, where)  # before shapes: it names the cause
         own = self._own_full_state()
         self._check_shapes(incoming, own, where)
-        foreign = [k for k in given_adapters if k not in own]
-        if foreign:  # torch would drop them as unexpected keys: another unit
-            gate = any(k.endswith('.gate') for k in foreign)
-            self._stop_or_warn(
-                f'{name}: the state dict{where} holds {len(foreign)} adapter tensors '
-                f'this model does not have: {_few(foreign)}. The adapters were built '
-                'with other options (unit experts, init_mode, switches)'
-                + (": its '.gate' tensors come from moppa_cfg.init_mode='identity'"
-                   if gate else '') + '; build the model with the options they were '
-                'trained with.')
         if not given_adapters:
             self._accept_base(incoming, params, where)
             for key in adapters:  # init_weights resets them: no missing-key noise
@@ -435,6 +425,17 @@ class AdapterStateMixin:
                 f'{name}: the state dict{where} holds adapters but lacks '
                 f'{len(lacking_adapters)} of the model\'s {len(adapters)} adapter '
                 f'parameters: {_few(lacking_adapters)}')
+        known = set(adapters)
+        foreign = [k for k in given_adapters if k not in known]
+        if foreign:  # torch would drop them as unexpected keys: another unit
+            gate = any(k.endswith('.gate') for k in foreign)
+            self._stop_or_warn(
+                f'{name}: the state dict{where} holds {len(foreign)} adapter tensors '
+                f'this model does not have: {_few(foreign)}. The adapters were built '
+                'with other options (unit experts, init_mode, switches)'
+                + (": the '.gate' tensors come from moppa_cfg.init_mode='identity'"
+                   if gate else '') + '; build the model with the options they were '
+                'trained with.')
         recorded_base = (record or {}).get('base') or {}
         base_given = any(not is_adapter_key(k) for k in incoming)
         if base_given:  # a self-contained checkpoint: its base is the model's now

@@ -33,7 +33,7 @@ def vit(**kwargs):
 
 MODELS = {  # name: (build, input size, keys saved by the hook-based wiring)
     'swin_det_window': (swin_det, 64, SWIN_DET_KEYS),
-    'swin_det_global': (lambda: swin_det(moppa_scope='global'), 64, SWIN_DET_KEYS),
+    'swin_det_global': (lambda **kw: swin_det(moppa_scope='global', **kw), 64, SWIN_DET_KEYS),
     'swin_cls': (swin_cls, 64, SWIN_CLS_KEYS),
     'vit': (vit, 32, VIT_KEYS),
 }
@@ -45,14 +45,18 @@ def test_state_keys_and_parameter_order_are_those_of_the_hook_based_wiring(name)
     is saved and loaded (strictly) as it was; the parameters come in the same
     order, so an optimizer state saved then resumes onto the same tensors."""
     build, _, keys = MODELS[name]
+    # the lists were captured under the then default init_mode='identity' (a
+    # gate per unit); the shipped 'paper' unit saves the same keys but the gates
+    identity = dict(moppa_cfg=dict(init_mode='identity'))
     torch.manual_seed(0)
-    model = build()
+    model = build(**identity)
     state = model.state_dict()
     assert list(state) == list(keys)
     assert [n for n, _ in model.named_parameters()] == [k for k in keys if k in dict(
         model.named_parameters())]
+    assert [k for k in keys if not k.endswith('.gate')] == list(build().state_dict())
     torch.manual_seed(1)
-    other = build()
+    other = build(**identity)
     other.load_state_dict(state)  # strict
     for key, value in other.state_dict().items():
         if key != '_extra_state':  # the record: now names the loaded base
