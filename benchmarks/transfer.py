@@ -10,7 +10,8 @@ No pre-trained weights or public data sets are needed. A small hybrid ViT (a
 three-convolution stem, then mmpretrain's ``VisionTransformer`` on the 8x8
 grid of its features) is pre-trained here on 16 silhouette classes of generated
 scenes (textures, several scales and positions, clutter, occlusion:
-:mod:`shapes_data`) to a strong source accuracy, then transferred to 10 unseen
+:mod:`shapes_data`; new scenes every epoch) to a strong source accuracy (95%
+on held-out scenes), then transferred to 10 unseen
 classes in a changed domain (textured backgrounds, desaturated palette, other
 fill textures, more noise) by each method:
 
@@ -19,7 +20,8 @@ fill textures, more noise) by each method:
   scale & shift's trainable count);
 - MoPPA + scale & shift (the paper's set) with each of the four
   ``init_mode`` x ``heat_param`` pairs;
-- the paper's ablations of the recipe (``--recipe``): without heat, wave or
+- the paper's ablations of the recipe (``--recipe``, by default the shipped
+  unit options, ``MoPPAConfig``'s): without heat, wave or
   Poisson (the unit's ``experts``), without the MoPPA units (scale & shift
   alone: ``use_moppa=False``), without the route regularisation
   (``route_loss_weight=0``);
@@ -33,17 +35,19 @@ and ``long_factor`` times as many. For each method and budget the learning
 rate is chosen on a validation split with seed 0 from a grid of half-decade
 steps that is extended until the chosen rate is interior (or a bound of the
 grid is reached); the test accuracy is then the mean ± std over the seeds at
-that rate (the seed draws the training images, the head and the order).
+that rate (the seed draws the training images, the head and the order, the
+same for every method: the "Δ" column is each row's per-seed difference to the
+recipe's row).
 Before any step the script also measures what inserting the method does to the
 pre-trained function: the source accuracy with the pre-trained head and the
 relative change of the class-token features. After training it records how far
 the MoPPA units' k, c and t moved.
 
-Time: see the section it writes (``--workers`` runs that many trainings at
-once, one thread each; ``--cache-dir`` keeps the pre-trained model for the next
-run; ``--methods`` runs a subset). Everything runs with one thread per process:
-on a shared 2-core machine, two intra-op threads per step spent twice the CPU
-time of one.
+Time: see the section it writes (about 12 minutes on 2 idle cores: pre-training
+with ``pretrain_threads`` intra-op threads, then ``--workers`` trainings at once,
+one thread each; ``--cache-dir`` keeps the pre-trained model for the next run;
+``--methods`` runs a subset). The fine-tuning runs are small: one thread each
+in two processes uses 2 cores better than two threads in one.
 """
 import argparse
 import copy
@@ -510,7 +514,7 @@ def run(s: dict, methods: Optional[List[str]], log=print, cache_dir: Optional[st
         workers: int = 1, recipe: Tuple[str, str] = SHIPPED,
         long: bool = True) -> dict:
     started = time.perf_counter()
-    state, pre_acc = cached_pretrain(s, cache_dir)  # one thread: see the docstring
+    state, pre_acc = cached_pretrain(s, cache_dir)
     log(f'pre-trained: source train {pre_acc["train"]:.1f}%, val {pre_acc["val"]:.1f}% '
         f'({time.perf_counter() - started:.0f} s)')
     lora_rank = matched_lora_rank(s, state['vit'])
@@ -599,17 +603,19 @@ def markdown(result: dict) -> str:
         SECTION_BEGIN,
         '## Transfer on generated scenes (`benchmarks/transfer.py`)',
         '',
-        f'Machine: {platform.machine()}, {result["workers"]} worker process(es) of one '
-        f'thread, torch {torch.__version__}; {result["seconds"] / 60:.1f} min in all.',
+        f'Machine: {platform.machine()}, pre-training with {s["pretrain_threads"]} '
+        f'thread(s), then {result["workers"]} worker process(es) of one thread, torch '
+        f'{torch.__version__}; {result["seconds"] / 60:.1f} min in all.',
         '',
         f'Pre-training: a hybrid ViT (a stem of three 3x3 convolutions, {s["stem"]}, '
         f'{2 * s["stem"]} and {4 * s["stem"]} channels, the last two of stride 2; then '
         f'mmpretrain\'s `VisionTransformer`, {s["num_layers"]} layers, {s["embed_dims"]} '
         f'dims, {s["num_heads"]} heads, MLP {s["ffn"]}, patch {s["patch_size"]}: an '
         f'{s["img_size"] // 4}x{s["img_size"] // 4} token grid from {s["img_size"]} px '
-        f'images) on {len(SOURCE_CLASSES)} silhouette classes x '
-        f'{s["pretrain_per_class"]} scenes, {s["pretrain_epochs"]} epochs: source validation '
-        f'accuracy **{result["pretrain"]["val"]:.1f}%** (train {result["pretrain"]["train"]:.1f}%)'
+        f'images) on {len(SOURCE_CLASSES)} silhouette classes, {s["pretrain_per_class"]} new '
+        f'scenes per class every epoch, {s["pretrain_epochs"]} epochs: source accuracy '
+        f'**{result["pretrain"]["val"]:.1f}%** on {s["val_per_class"]} held-out scenes per '
+        f'class ({result["pretrain"]["train"]:.1f}% on the last epoch\'s)'
         + (f', {result["pretrain"]["seconds"]:.0f} s' if 'seconds' in result['pretrain'] else '')
         + (' (reused from `--cache-dir`, not in the total above)'
            if 'cached' in result['pretrain'] else '') + '.',
