@@ -9,6 +9,7 @@ from typing import List, Mapping, Optional
 import torch
 
 from benchmarks.results import SectionResult, Table, all_metrics
+from benchmarks.sections import SHIPPED_UNIT_OPTIONS
 from benchmarks.targets import TARGETS, check, table_rows
 
 HEADER = ('# Benchmarks\n\nRegenerate with `.venv/bin/python benchmarks/run.py`; '
@@ -59,7 +60,9 @@ def render(results: Mapping[str, SectionResult], device: torch.device, quick: bo
         f'## {device.type.upper()}: {machine(device)}',
         '',
         f'Measured {time.strftime("%Y-%m-%d")} by `{command}` in {seconds:.0f} s. '
-        f'Settings: {settings}. Memory: {memory}.',
+        f'Settings: {settings}. MoPPA unit options: '
+        + ', '.join(f'{k}={v!r}' for k, v in SHIPPED_UNIT_OPTIONS.items())
+        + f' (the shipped ones). Memory: {memory}.',
         '',
         *summary,
         '',

@@ -10,17 +10,19 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
-Two options depart from the paper where it misbehaves in fine-tuning:
+Two options depart from the paper (the defaults here are the paper's; the
+MoPPA backbones ship ``'paper'`` init with ``'softplus'`` heat):
 
-- ``init_mode='identity'`` adds a zero-initialised gate ``g`` (one per channel
-  in a head) that blends the paper's output with the input,
-  ``Y = X + g (Y_Eq11 - X)``: the unit is exactly the identity at init, and
-  ``g = 1`` is Eq. 11. ``'paper'`` is Eq. 11 as written (at init it scales its
-  input by about ``a1 + a2 = 2/3``).
 - ``heat_param='softplus'`` keeps the heat physical: ``k = softplus(k_raw)``
   and ``t = softplus(t_raw)`` are >= 0, so ``exp(-k w^2 t)`` only damps. With
   ``'raw'`` (the paper's), ``k t < 0`` amplifies high frequencies
-  exponentially.
+  exponentially; softplus transferred 5-7 points better (docs/accuracy.md).
+- ``init_mode='identity'`` adds a zero-initialised gate ``g`` (one per channel
+  in a head) that blends the paper's output with the input,
+  ``Y = X + g (Y_Eq11 - X)``: the unit is exactly the identity at init, and
+  ``g = 1`` is Eq. 11; but its other parameters then start with zero gradient
+  and learn little. ``'paper'`` is Eq. 11 as written (at init it scales its
+  input by about ``a1 + a2 = 2/3``).
 
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
 filter multiply and ONE additive field in the DCT domain. The filter and field do

@@ -13,6 +13,7 @@ from benchmarks.results import SectionResult, Table, all_metrics
 from benchmarks.sections import SECTIONS
 from benchmarks.targets import TARGETS, Target, check
 from benchmarks.timing import peak_allocated_bytes, saved_activation_bytes, step_memory_mb
+from moppa_mm.models.moppa_config import MoPPAConfig
 from tests.conftest import PYTHON, REPO, child_env
 
 CPU = torch.device('cpu')
@@ -81,6 +82,9 @@ def test_report_shows_each_target_with_its_status(quick_results):
                     'Swin-B stage-3 block', 'Where the Swin-B time goes', '### Profile:',
                     'Inference: ViT-B/16 eval forward', 'Inference: Swin-B backbone'):
         assert heading in text, heading
+    # the unit options timed are the shipped ones, and the report says which
+    assert (f"MoPPA unit options: init_mode={MoPPAConfig.init_mode!r}, "
+            f"heat_param={MoPPAConfig.heat_param!r} (the shipped ones)") in text
     rows = {line.split('| `')[1].split('`')[0]: line for line in text.splitlines()
             if line.startswith('| ') and '| `' in line}
     metrics = all_metrics(quick_results)

@@ -1,5 +1,6 @@
 """The transfer benchmark and the adaptation analysis run end to end on
 minuscule settings and report what they measured (no accuracy is asserted)."""
+import pathlib
 import subprocess
 
 from moppa_mm.models.moppa_config import MoPPAConfig
@@ -49,6 +50,14 @@ def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
                    capture_output=True, timeout=600)
     text = out.read_text()
     assert text.count('transfer.py: begin') == 1 and '| full fine-tuning |' not in text
+    # without --out a check of the harness prints its section and writes nothing
+    docs_path = pathlib.Path(REPO, 'docs', 'accuracy.md')
+    docs = docs_path.read_bytes()
+    printed = subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--methods',
+                              'linear'], cwd=REPO, env=child_env(), check=True,
+                             capture_output=True, text=True, timeout=600).stdout
+    assert '| linear probe |' in printed and 'wrote' not in printed
+    assert docs_path.read_bytes() == docs
 
 
 def test_adaptation_analysis_prints_the_table(tmp_path):

@@ -229,6 +229,19 @@ def test_detector_with_other_classes_stops(detector):
                         map_location='cpu')
 
 
+def test_mismatch_names_the_command_line_fix(trained_classifier):
+    """A checkpoint of the earlier default (identity init) names the option
+    that loads it."""
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    record = read_adapter_record(checkpoint)
+    assert record['moppa_cfg']['init_mode'] == 'paper'  # the shipped default
+    with pytest.raises(AdapterRecordMismatchError, match=r'(?s)moppa_cfg.init_mode: '
+                       r"'paper' in the checkpoint, 'identity' in the model.*--cfg-options "
+                       r'model.backbone.moppa_cfg.init_mode=paper\)'):
+        load_checkpoint(build(classifier_cfg(moppa_cfg=dict(init_mode='identity'))),
+                        trained_classifier['checkpoint'], map_location='cpu')
+
+
 def test_old_identity_checkpoint_without_a_record_is_refused(trained_classifier, tmp_path):
     """A record-less checkpoint of the earlier default (identity init) holds
     gate tensors the model lacks: torch would drop them as unexpected keys

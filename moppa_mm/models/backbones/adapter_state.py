@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import json
 import os.path as osp
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -234,16 +234,21 @@ class AdapterStateMixin:
         """The record was checked before any tensor was copied
         (:meth:`_check_incoming_state`); nothing to restore from it."""
 
-    def _record_mismatches(self, record: Dict[str, Any]) -> List[str]:
+    def _record_differences(self, record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+        """``(key, checkpoint's value, model's value)`` of every recorded option
+        that differs."""
         ours = _flatten({k: v for k, v in self.adapter_record().items()
                          if k not in ('base', 'heads', 'format')})
         theirs = _flatten({k: v for k, v in record.items()
                            if k not in ('base', 'heads', 'format')})
-        return [f'{key}: {theirs.get(key, "(not recorded)")!r} in the checkpoint, '
-                f'{ours.get(key, "(none)")!r} in the model'
+        return [(key, theirs.get(key, '(not recorded)'), ours.get(key, '(none)'))
                 for key in sorted(set(ours) | set(theirs))
                 if key not in self.RECORD_MAY_DIFFER
                 and ours.get(key, '(none)') != theirs.get(key, '(not recorded)')]
+
+    def _record_mismatches(self, record: Dict[str, Any]) -> List[str]:
+        return [f'{key}: {theirs!r} in the checkpoint, {ours!r} in the model'
+                for key, theirs, ours in self._record_differences(record)]
 
     # -------------------------------------------------------------- saving
     def _frozen_base_keys(self) -> List[str]:
@@ -471,13 +476,19 @@ class AdapterStateMixin:
     def _compare_record(self, record: Dict[str, Any], where: str) -> None:
         mismatches = self._record_mismatches(record)
         if mismatches:
+            # the unit options a command line can set back (e.g. a checkpoint
+            # of the earlier default init_mode='identity')
+            options = [f'model.backbone.{key}={theirs}' for key, theirs, _ in
+                       self._record_differences(record) if key.startswith('moppa_cfg.')
+                       and isinstance(theirs, (str, int, float, bool))]
             self._stop_or_warn(
                 f'{type(self).__name__}: the adapter checkpoint{where} was built with '
                 f'other options than this model; {len(mismatches)} differ:\n  '
                 + '\n  '.join(mismatches) + '\nSet the checkpoint\'s values in '
-                'model.backbone (moppa_cfg.<option> for the unit\'s options): its '
-                'parameters mean something else under the model\'s. To load it '
-                'anyway, set model.backbone.strict_adapter_record=False.')
+                'model.backbone (moppa_cfg.<option> for the unit\'s options'
+                + (f'; in a tool: --cfg-options {" ".join(options)}' if options else '')
+                + '): its parameters mean something else under the model\'s. To load '
+                'it anyway, set model.backbone.strict_adapter_record=False.')
 
     def _stop_or_warn(self, message: str) -> None:
         if self.strict_adapter_record:
