@@ -67,6 +67,13 @@ def _scan_yaml(path: str, max_nodes: int, max_depth: int) -> None:
                 elif isinstance(event, yaml.AliasEvent):
                     add(sizes.get(event.anchor, 1))
         except yaml.YAMLError as error:
+            mark = getattr(error, 'problem_mark', None)
+            if 'maximum nesting depth' in str(error) and mark is not None:
+                # PyYAML >= 6.0.4 has a depth limit of its own (1000), which
+                # its scanner can reach before the parser's events reach ours
+                raise ConfigFileError(
+                    f'{path}: refused: nested more than {max_depth} levels deep '
+                    f'(line {mark.line + 1})') from None
             raise ConfigFileError(f'{path}: not valid YAML: {error}') from None
         except UnicodeDecodeError as error:
             raise ConfigFileError(f'{path}: not a text file ({error.reason} at byte offset '
