@@ -46,6 +46,11 @@ ADAPTER_GROUPS = (
 ADAPTER_PATTERNS = tuple(p for _, patterns, _ in ADAPTER_GROUPS for p in patterns)
 
 
+def _describe(key: str, theirs: Any, ours: Any) -> str:
+    """One difference between a checkpoint's adapter record and the model's."""
+    return f'{key}: {theirs!r} in the checkpoint, {ours!r} in the model'
+
+
 def is_adapter_key(name: str) -> bool:
     """Whether a backbone parameter / state-dict key belongs to an adapter."""
     return matches(name, ADAPTER_PATTERNS)
@@ -247,8 +252,8 @@ class AdapterStateMixin:
                 and ours.get(key, '(none)') != theirs.get(key, '(not recorded)')]
 
     def _record_mismatches(self, record: Dict[str, Any]) -> List[str]:
-        return [f'{key}: {theirs!r} in the checkpoint, {ours!r} in the model'
-                for key, theirs, ours in self._record_differences(record)]
+        """:meth:`_record_differences` in words, one line each."""
+        return [_describe(*difference) for difference in self._record_differences(record)]
 
     # -------------------------------------------------------------- saving
     def _frozen_base_keys(self) -> List[str]:
@@ -474,12 +479,13 @@ class AdapterStateMixin:
         return isinstance(record, dict) and record.get('format') == RECORD_FORMAT
 
     def _compare_record(self, record: Dict[str, Any], where: str) -> None:
-        mismatches = self._record_mismatches(record)
-        if mismatches:
+        differences = self._record_differences(record)
+        if differences:
+            mismatches = [_describe(*difference) for difference in differences]
             # the unit options a command line can set back (e.g. a checkpoint
             # of the earlier default init_mode='identity')
-            options = [f'model.backbone.{key}={theirs}' for key, theirs, _ in
-                       self._record_differences(record) if key.startswith('moppa_cfg.')
+            options = [f'model.backbone.{key}={theirs}' for key, theirs, _ in differences
+                       if key.startswith('moppa_cfg.')
                        and isinstance(theirs, (str, int, float, bool))]
             self._stop_or_warn(
                 f'{type(self).__name__}: the adapter checkpoint{where} was built with '
