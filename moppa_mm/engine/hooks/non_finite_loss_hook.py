@@ -14,6 +14,16 @@ def _as_float(value) -> float:
     return float(value)
 
 
+def _learning_rates(runner) -> str:
+    """``', lr 0.01'``: the optimizer's current rate(s), or ``''``."""
+    try:
+        rates = runner.optim_wrapper.get_lr()
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return ''
+    values = sorted({f'{lr:.3g}' for group in rates.values() for lr in group})
+    return f', lr {" / ".join(values)}' if values else ''
+
+
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
     """Raise ``FloatingPointError`` at the first iteration whose loss is NaN or
@@ -50,12 +60,14 @@ class NonFiniteLossHook(Hook):
                 f'non-finite loss on another rank at iteration {runner.iter + 1} '
                 f'(epoch {runner.epoch + 1}); that rank names the loss terms')
         terms = ', '.join(f'{name}={value}' for name, value in bad.items())
+        lr = _learning_rates(runner)
         finite = ', '.join(f'{name}={value:.4g}' for name, value in values.items()
                            if name not in bad) or 'none'
         raise FloatingPointError(
             f'non-finite loss at iteration {runner.iter + 1} (epoch '
-            f'{runner.epoch + 1}): {terms}; finite terms: {finite}. Training '
+            f'{runner.epoch + 1}{lr}): {terms}; finite terms: {finite}. Training '
             f'stopped before this iteration could be checkpointed. Check the '
-            f'data preprocessor (std must be non-zero), the learning rate, '
-            f'the input data and, at the first iterations, the checkpoints the run '
-            f'started from (our tools refuse NaN weights; other loaders may not).')
+            f'learning rate (a rate too high for the model diverges: lower it, e.g. '
+            f'optim_wrapper.optimizer.lr), the data preprocessor (std must be '
+            f'non-zero), the input data and, at the first iterations, the checkpoints '
+            f'the run started from (our tools refuse NaN weights; other loaders may not).')
