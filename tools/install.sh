@@ -6,7 +6,7 @@
 #
 # Idempotent: a second run compares a stamp of the pinned inputs and returns in seconds.
 # On a CUDA machine, install torch and mmcv the OpenMMLab way first (see README.md,
-# "Install on a CUDA machine") and run `pip install -e .` instead of this script (then
+# "Install", "On a CUDA machine") and run `pip install -e .` instead of this script (then
 # `python tools/site_link.py` for openmim, as step 4 below).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,7 +61,7 @@ fi
 "${SITE_LINK[@]}"
 
 # 5. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
-#    imported (README, "CPU-only quirks"): a .pth arms tools/torchvision_ops_fix.py at
+#    imported (docs/cpu_quirks.md): a .pth arms tools/torchvision_ops_fix.py at
 #    interpreter start-up, for every program of the venv (mmdet's and mmpretrain's own
 #    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
 "${OPS_FIX[@]}"

@@ -62,5 +62,5 @@ def test_every_task_config_and_the_budget(stem):
     paper = PAPER_SUMMARY[stem]['params']
     print(f'  mean with head {mean:.3f}M, paper {paper}M')
     # ViT-L: 0.627M, 3.5% under the paper's 0.65M; Swin-B: 0.277M, where the
-    # paper's 0.39M has no stated placement for the other 0.11M (README)
+    # paper's 0.39M has no stated placement for the other 0.11M (docs/design.md)
     assert abs(mean / paper - 1) < (0.05 if stem.startswith('vit-l') else 0.3)

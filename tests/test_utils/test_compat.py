@@ -1,4 +1,4 @@
-"""The CPU-only quirks (README, "CPU-only quirks"): the torchvision fix that
+"""The CPU-only quirks (docs/cpu_quirks.md): the torchvision fix that
 tools/install.sh arms, what ``import moppa_mm`` does (and does not), CPU
 distributed set-up."""
 import os.path as osp

@@ -10,7 +10,7 @@ What is exported, with the batch as a dynamic axis (``batch``):
   output ``logits`` (B, classes), before softmax;
 - an MMDetection config: the MoPPA Swin BACKBONE's multi-scale features,
   input ``input`` (B, 3, H, W), outputs ``feat0``, ``feat1``... (one per
-  ``out_indices``), for a neck and heads run elsewhere (see the README for
+  ``out_indices``), for a neck and heads run elsewhere (see docs/deploy.md for
   what mmdeploy does with the whole detector).
 
 The images are the data preprocessor's output (normalised, channels in the
