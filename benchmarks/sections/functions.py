@@ -18,6 +18,7 @@ from moppa_mm.operators import MoPPAUnit, dct2d, idct2d
 
 NAME = 'functions'
 KEEP_IF_SAVES = 0.05  # of the layer's step time or of its saved activations
+ROUNDS = 41  # a shared machine needs many: the per-round ratios spread widely
 
 
 class Case(NamedTuple):
@@ -218,7 +219,7 @@ def _eval_cache(device: torch.device, quick: bool, rounds: int, metrics: dict) -
 def run(device: torch.device, quick: bool) -> SectionResult:
     result = SectionResult()
     metrics, rows = result.metrics, []
-    rounds = 3 if quick else 15
+    rounds = 3 if quick else ROUNDS
     verdicts: Dict[str, bool] = {}
     for case in CASES:
         torch.manual_seed(0)
@@ -236,17 +237,21 @@ def run(device: torch.device, quick: bool) -> SectionResult:
             f'{key}.time_ratio': statistics.median(ratios),
             f'{key}.time_ratio_q1': low,
             f'{key}.time_ratio_q3': high,
+            # the least disturbed round of each: on a shared machine, what a step costs
+            f'{key}.min_ratio': min(times['function']) / min(times['plain']),
             f'{key}.function_saved_mb': saved['function'],
             f'{key}.plain_saved_mb': saved['plain'],
             f'{key}.saved_ratio': saved['function'] / saved['plain'] if saved['plain'] else 1.0,
         })
-        pays = metrics[f'{key}.time_ratio'] <= 1 - KEEP_IF_SAVES or \
-            metrics[f'{key}.saved_ratio'] <= 1 - KEEP_IF_SAVES
+        # time pays only where the medians and the fastest rounds agree
+        pays = max(metrics[f'{key}.time_ratio'], metrics[f'{key}.min_ratio']) <= \
+            1 - KEEP_IF_SAVES or metrics[f'{key}.saved_ratio'] <= 1 - KEEP_IF_SAVES
         verdicts[case.function] = verdicts.get(case.function, False) or pays
         rows.append(dict(
             function=f'`{case.function}`', layer=case.layer + (' (--quick: tiny)' if quick else ''),
             function_ms=metrics[f'{key}.function_ms'], plain_ms=metrics[f'{key}.plain_ms'],
             time=f'{metrics[f"{key}.time_ratio"]:.3f} ({low:.3f}-{high:.3f})',
+            min_ratio=metrics[f'{key}.min_ratio'],
             function_saved_mb=saved['function'], plain_saved_mb=saved['plain'],
             saved=metrics[f'{key}.saved_ratio'], pays='yes' if pays else 'no'))
     for function, pays in verdicts.items():
@@ -257,9 +262,9 @@ def run(device: torch.device, quick: bool) -> SectionResult:
         + f' (at least {KEEP_IF_SAVES:.0%} of time or saved activations).')
     result.tables.append(Table(
         f'Custom autograd Functions vs the plain path (fwd+bwd, {rounds} alternating rounds; '
-        'time: Function / plain, median of per-round ratios (quartiles); saved: Function / '
-        'plain activations saved for backward)', rows,
-        dict(function='', layer='', function_ms='.2f', plain_ms='.2f', time='',
+        'time: Function / plain, median of per-round ratios (quartiles); min_ratio: of the '
+        'fastest rounds; saved: Function / plain activations saved for backward)', rows,
+        dict(function='', layer='', function_ms='.2f', plain_ms='.2f', time='', min_ratio='.3f',
              function_saved_mb='.2f', plain_saved_mb='.2f', saved='.3f', pays='')))
     result.tables.append(_eval_cache(device, quick, rounds, metrics))
     return result
