@@ -3,7 +3,9 @@ for, on the layer it serves: the time of a training step (forward + backward
 of a fixed upstream gradient) and the activations saved for backward, both
 variants in ONE process, in alternating rounds. A Function stays only where it
 saves at least ``KEEP_IF_SAVES`` of one or the other (docs/benchmarks.md,
-"Custom autograd Functions")."""
+"Custom autograd Functions", has the numbers of the three this rule deleted:
+the unit's ``_SpectralFilter`` and the ViT token sequence's ``_MatmulOfSuffix``
+and ``_MatmulAfterPrefix``)."""
 import statistics
 from typing import Callable, Dict, List, NamedTuple, Tuple
 
@@ -14,7 +16,7 @@ import torch.nn.functional as F
 from benchmarks.results import SectionResult, Table
 from benchmarks.sections import SHIPPED_UNIT_OPTIONS
 from benchmarks.timing import interleaved, median_ms, saved_activation_bytes
-from moppa_mm.operators import MoPPAUnit, dct2d, idct2d
+from moppa_mm.operators import MoPPAUnit
 
 NAME = 'functions'
 KEEP_IF_SAVES = 0.05  # of the layer's step time or of its saved activations
@@ -32,63 +34,6 @@ class Case(NamedTuple):
 
 def _unit(channels: int, heads: int, grid: Tuple[int, int], device) -> MoPPAUnit:
     return MoPPAUnit(channels, heads, grid, **SHIPPED_UNIT_OPTIONS).to(device)
-
-
-def _spectral_filter(shape: Tuple[int, ...], heads: int):
-    """The unit on (B, H, W, C): DCT, ``spectrum * filter + field``, inverse."""
-
-    def build(device, quick):
-        from moppa_mm.operators.moppa_unit import _SpectralFilter
-        b, h, w, c = (2, 4, 4, 16) if quick else shape
-        unit = _unit(c, heads if not quick else 2, (h, w), device)
-        x = torch.randn(b, h, w, c, device=device, requires_grad=True)
-
-        def forward(multiply_add):
-            def fn():
-                spectral_filter, field = unit.filter_and_field((h, w), device, x.dtype)
-                return idct2d(multiply_add(dct2d(x), spectral_filter, field))
-            return fn
-
-        def plain(spectrum, spectral_filter, field):
-            return torch.addcmul(field, spectrum, spectral_filter)
-
-        return unit, dict(function=forward(_SpectralFilter.apply), plain=forward(plain)), x
-
-    return build
-
-
-def _vit_tokens(fused: str):
-    """The ViT-B unit on its (B, 1 + 14*14, C) token sequence: the class token
-    split off, the patches' DCT, the filter, the inverse behind the class
-    token; ``fused`` ('suffix' or 'prefix') says which side runs the Function."""
-
-    def build(device, quick):
-        from moppa_mm.operators.dct import dct2d_of_suffix, idct2d_after_prefix
-        b, (h, w), c, heads = (2, (4, 4), 16, 2) if quick else (8, (14, 14), 768, 12)
-        unit = _unit(c, heads, (h, w), device)
-        tokens = torch.randn(b, 1 + h * w, c, device=device, requires_grad=True)
-
-        def split_dct(t):
-            prefix, patches = t.split([1, h * w], dim=1)
-            return prefix, dct2d(patches.reshape(b, h, w, c))
-
-        def idct_cat(spectrum, prefix):
-            return torch.cat([prefix, idct2d(spectrum).reshape(b, -1, c)], dim=1)
-
-        def forward(dct, idct):
-            def fn():
-                prefix, spectrum = dct(tokens)
-                spectral_filter, field = unit.filter_and_field((h, w), device, tokens.dtype)
-                return idct(torch.addcmul(field, spectrum, spectral_filter), prefix)
-            return fn
-
-        if fused == 'suffix':
-            function = forward(lambda t: dct2d_of_suffix(t, 1, (h, w)), idct_cat)
-        else:
-            function = forward(split_dct, idct2d_after_prefix)
-        return unit, dict(function=function, plain=forward(split_dct, idct_cat)), tokens
-
-    return build
 
 
 def _linear_scale_shift(in_features: int, out_features: int, then: Callable):
@@ -144,15 +89,6 @@ def _conv_adapter(shape: Tuple[int, ...], hidden: int):
 
 
 CASES = (
-    Case('spectral_filter.vit_b', '_SpectralFilter', 'ViT-B unit, 8 x 14x14x768, 12 heads',
-         _spectral_filter((8, 14, 14, 768), 12)),
-    Case('spectral_filter.swin_b_stage1', '_SpectralFilter',
-         'Swin-B stage-1 window unit @224, 8*64 x 7x7x128, 4 heads',
-         _spectral_filter((8 * 64, 7, 7, 128), 4)),
-    Case('matmul_of_suffix.vit_b', '_MatmulOfSuffix',
-         'ViT-B unit on its tokens, 8 x (1 + 14*14) x 768', _vit_tokens('suffix')),
-    Case('matmul_after_prefix.vit_b', '_MatmulAfterPrefix',
-         'ViT-B unit on its tokens, 8 x (1 + 14*14) x 768', _vit_tokens('prefix')),
     Case('linear_scale_shift.vit_b_fc1', '_LinearScaleShift',
          'ViT-B fc1 768->3072 + GELU, 8 x 197 tokens', _linear_scale_shift(768, 3072, F.gelu)),
     Case('linear_scale_shift.vit_b_proj', '_LinearScaleShift',
