@@ -15,8 +15,10 @@ from benchmarks.targets import TARGETS, check, table_rows
 HEADER = ('# Benchmarks\n\nRegenerate with `.venv/bin/python benchmarks/run.py`; '
           'each device type keeps its own section.\n\n')
 # the report's order, which is not the order the sections run in
-SUMMARY_ORDER = ('vit', 'swin', 'swin_block', 'inference', 'dct', 'unit', 'profiles')
-TABLE_ORDER = ('unit', 'dct', 'vit', 'swin', 'swin_block', 'inference', 'profiles')
+SUMMARY_ORDER = ('vit', 'swin', 'swin_block', 'inference', 'dct', 'unit', 'functions',
+                 'profiles')
+TABLE_ORDER = ('unit', 'functions', 'dct', 'vit', 'swin', 'swin_block', 'inference',
+               'profiles')
 
 
 def machine(device: torch.device) -> str:

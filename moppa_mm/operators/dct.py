@@ -14,17 +14,11 @@ tensors it runs without any permute, in one of two ways:
 
 Bases and frequency grids are cached per (size, device, dtype), except
 what a graph capture builds (:func:`_cached`).
-
-:func:`idct2d_after_prefix` writes the inverse transform straight into a token
-sequence behind some extra tokens (a ViT's class token): the concatenation a
-caller would do afterwards costs a full pass over the sequence, the last matmul
-writing into its place costs nothing.
 """
 import math
 from typing import Dict, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .tracing import is_capturing
 
@@ -152,155 +146,6 @@ def _resolve_method(h: int, w: int, method: str) -> str:
         raise ValueError(f"unknown DCT method {method!r}, expected 'auto', "
                          "'kron' or 'separable'")
     return method
-
-
-def _first_pass(h: int, w: int, method: str, device, dtype):
-    """The forward DCT of an (H, W) grid as its first pass and the rest:
-    ``(basis, rest)``, the first pass being ``basis @ t`` batched over B on
-    the grid's (B, basis columns, N) view and ``rest`` the remaining passes,
-    applied to the first's result viewed (B, H, W, C)."""
-    if _resolve_method(h, w, method) == 'kron':  # (HW, HW) on (B, HW, C): all of it
-        return kron_basis(h, w, False, device, dtype), lambda t: t
-    basis_w = dct_basis(w, device, dtype)
-
-    def along_w(t):  # (B*H, W, C): mixes columns
-        return torch.matmul(basis_w, t.reshape(-1, w, t.shape[-1])).view(t.shape)
-
-    return dct_basis(h, device, dtype), along_w  # H first, on (B, H, W*C)
-
-
-def _inverse_last_pass(spectrum: torch.Tensor, method: str):
-    """The inverse DCT of (B, H, W, C) as the passes before its last (applied
-    here) and the last: ``(t, basis)``, the inverse being ``basis @ t`` batched
-    over B, with ``t`` (B, K, N) and the result (B, M, N) the row-major
-    (B, H*W*C) of the inverse."""
-    b, h, w, c = spectrum.shape
-    if _resolve_method(h, w, method) == 'kron':  # (HW, HW) on (B, HW, C)
-        basis = kron_basis(h, w, True, spectrum.device, spectrum.dtype)
-        return spectrum.reshape(b, h * w, c), basis
-    # the inverse runs W first, H last; the H pass's view is (B, H, W*C)
-    basis_w = dct_basis(w, spectrum.device, spectrum.dtype).t()
-    t = torch.matmul(basis_w, spectrum.reshape(-1, w, c))  # (B*H, W, C)
-    return t.view(b, h, w * c), dct_basis(h, spectrum.device, spectrum.dtype).t()
-
-
-class _MatmulOfSuffix(torch.autograd.Function):
-    """``(tokens[:, :E], basis @ tokens[:, E:])`` for a (B, E + rows * cols / C,
-    C) sequence, the suffix read as (B, rows, cols) in place. Its backward
-    writes the suffix's gradient (the transposed basis applied to the output's)
-    behind the prefix's in one tensor: no concatenation pass, which the
-    backward of a split would make."""
-
-    @staticmethod
-    def forward(ctx, tokens, basis, num_prefix):
-        batch, length, _ = tokens.shape
-        prefix, suffix = tokens.split([num_prefix, length - num_prefix], dim=1)
-        ctx.save_for_backward(basis)
-        ctx.shape = tokens.shape
-        return prefix.clone(), torch.matmul(basis, suffix.reshape(batch, basis.shape[1], -1))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_prefix, grad_out):  # (undefined gradients come as zeros)
-        basis, = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        batch, num_prefix = grad_out.shape[0], grad_prefix.shape[1]
-        grad = grad_out.new_empty(ctx.shape)
-        grad[:, :num_prefix] = grad_prefix
-        torch.bmm(basis.t().expand(batch, -1, -1), grad_out,
-                  out=grad[:, num_prefix:].view(batch, basis.shape[1], -1))
-        return grad, None, None
-
-
-class _MatmulAfterPrefix(torch.autograd.Function):
-    """``cat([prefix, (basis @ t).reshape(B, -1, C)], dim=1)`` with the batched
-    matmul writing into the concatenation's memory: no pass to copy it there.
-    Its backward hands the prefix its slice of the gradient and ``t`` the
-    transposed basis applied to the rest, read in place."""
-
-    @staticmethod
-    def forward(ctx, prefix, t, basis):
-        batch, num_prefix, channels = prefix.shape
-        rows, cols = basis.shape[0], t.shape[-1]
-        out = prefix.new_empty(batch, num_prefix + rows * cols // channels, channels)
-        out[:, :num_prefix] = prefix
-        torch.bmm(basis.expand(batch, -1, -1), t,
-                  out=out[:, num_prefix:].view(batch, rows, cols))
-        ctx.save_for_backward(basis)
-        ctx.shape = (num_prefix, rows, cols)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        basis, = ctx.saved_tensors
-        num_prefix, rows, cols = ctx.shape
-        grad_prefix = grad[:, :num_prefix] if ctx.needs_input_grad[0] else None
-        grad_t = None
-        if ctx.needs_input_grad[1]:  # (B, rows, cols) is a view for any batch stride
-            grad_t = torch.matmul(basis.t(), grad[:, num_prefix:].reshape(
-                grad.shape[0], rows, cols))
-        return grad_prefix, grad_t, None
-
-
-def _check_tokens(tokens: torch.Tensor, num_prefix: int, grid) -> None:
-    if tokens.dim() != 3 or not 0 <= num_prefix <= tokens.shape[1] or \
-            tokens.shape[1] - num_prefix != grid[0] * grid[1]:
-        raise ValueError(f'expected (B, {num_prefix} + {grid[0]}*{grid[1]}, C) tokens, '
-                         f'got {tuple(tokens.shape)}')
-
-
-def _fused_ok(*tensors: torch.Tensor) -> bool:
-    """Whether the fused sequence functions apply: the matmuls run in the
-    tensors' own dtype (no autocast, one dtype), and the forward is run, not
-    captured into a graph (:func:`~.tracing.is_capturing`: a compiler or an
-    exporter gets the plain split and concatenation, which it fuses itself)."""
-    return len({t.dtype for t in tensors}) == 1 and \
-        not torch.is_autocast_enabled(tensors[0].device.type) and not is_capturing()
-
-
-def dct2d_of_suffix(tokens: torch.Tensor, num_prefix: int, grid: Tuple[int, int],
-                    method: str = 'auto') -> Tuple[torch.Tensor, torch.Tensor]:
-    """Split a token sequence (B, E + H*W, C) into its ``E`` prefix tokens
-    (a ViT's class token) and the DCT of the rest as an (H, W) grid:
-    ``(prefix (B, E, C), dct2d(grid tokens) (B, H, W, C))``.
-
-    The DCT reads the grid in place, and the backward writes the sequence's
-    gradient as one tensor, where a split's backward would concatenate.
-    Under autocast, and while a graph is captured, it is the plain split and
-    :func:`dct2d`.
-    """
-    _check_tokens(tokens, num_prefix, grid)
-    batch, _, channels = tokens.shape
-    h, w = grid
-    if not _fused_ok(tokens) or not torch.is_grad_enabled():
-        prefix, suffix = tokens.split([num_prefix, h * w], dim=1)
-        return prefix, dct2d(suffix.reshape(batch, h, w, channels), method)
-    basis, rest = _first_pass(h, w, method, tokens.device, tokens.dtype)
-    prefix, first = _MatmulOfSuffix.apply(tokens, basis, num_prefix)
-    return prefix, rest(first.view(batch, h, w, channels))
-
-
-def idct2d_after_prefix(spectrum: torch.Tensor, prefix: torch.Tensor,
-                        method: str = 'auto') -> torch.Tensor:
-    """``cat([prefix, idct2d(spectrum).reshape(B, H*W, C)], dim=1)``: the
-    inverse DCT of a (B, H, W, C) grid written behind ``prefix`` (B, E, C)
-    tokens, the last matmul writing into the sequence in place of a copy.
-
-    Where the two dtypes differ or autocast is on, and while a graph is
-    captured, it is the plain concatenation (which promotes to the wider dtype).
-    """
-    _check_channel_last(spectrum)
-    if spectrum.dim() != 4 or prefix.dim() != 3 or \
-            prefix.shape[0] != spectrum.shape[0] or prefix.shape[2] != spectrum.shape[3]:
-        raise ValueError(f'expected a (B, H, W, C) grid and (B, E, C) prefix tokens, '
-                         f'got {tuple(spectrum.shape)} and {tuple(prefix.shape)}')
-    if not _fused_ok(spectrum, prefix):
-        out = idct2d(spectrum, method)
-        return torch.cat([prefix, out.reshape(out.shape[0], -1, out.shape[-1])], dim=1)
-    t, basis = _inverse_last_pass(spectrum, method)
-    return _MatmulAfterPrefix.apply(prefix, t, basis)
 
 
 def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32

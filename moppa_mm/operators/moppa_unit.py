@@ -38,7 +38,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import print_log
-from torch.autograd.function import once_differentiable
 
 from .dct import dct2d, dct_frequencies, idct2d
 from .tracing import is_capturing
@@ -125,40 +124,6 @@ def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
     if unknown or not experts or len(set(experts)) != len(experts):
         raise ValueError(f'experts must be distinct names from {EXPERTS}, '
                          f'got {tuple(experts)}')
-
-
-class _SpectralFilter(torch.autograd.Function):
-    """``field + spectrum * filter`` (Eq. 11 in the DCT domain), with the
-    filter and field (H, W, C) broadcast over the leading dims of the spectrum.
-
-    Autograd's ``addcmul`` backward spends a pass over the spectrum multiplying
-    it by the scalar ``value`` and another reducing a product it materialises;
-    here the filter's gradient is one fused dot product over the leading dims
-    and nothing is scaled by 1.
-    """
-
-    @staticmethod
-    def forward(ctx, spectrum, spectral_filter, field):
-        ctx.save_for_backward(spectrum if ctx.needs_input_grad[1] else None,
-                              spectral_filter if ctx.needs_input_grad[0] else None)
-        return torch.addcmul(field, spectrum, spectral_filter)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        spectrum, spectral_filter = ctx.saved_tensors
-        grid = grad.shape[-3:]  # (H, W, C), the filter's and field's shape
-        flat = grad.reshape(-1, grid.numel())  # (leading, H*W*C)
-        grad_spectrum = grad_filter = grad_field = None
-        if ctx.needs_input_grad[0]:
-            grad_spectrum = grad * spectral_filter
-        if ctx.needs_input_grad[1]:  # (under autocast the dtypes may differ)
-            dtype = torch.promote_types(flat.dtype, spectrum.dtype)
-            grad_filter = torch.linalg.vecdot(
-                flat.to(dtype), spectrum.reshape(flat.shape).to(dtype), dim=0).view(grid)
-        if ctx.needs_input_grad[2]:
-            grad_field = flat.sum(0).view(grid)
-        return grad_spectrum, grad_filter, grad_field
 
 
 class MoPPAUnit(nn.Module):
@@ -492,12 +457,10 @@ class MoPPAUnit(nn.Module):
         off, and the spectral multiply-add runs in that dtype too (type
         promotion); the DCTs follow the input's dtype and autocast.
         """
-        return self.inverse(self.filtered_spectrum(x), x.dtype)
-
-    @staticmethod
-    def inverse(spectrum: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """The inverse DCT of :meth:`filtered_spectrum` in the dtype ``forward``
-        returns for an input of ``dtype``."""
+        self._check_input(x)
+        spectrum = dct2d(x)
+        spectral_filter, field = self._filter_and_field_for(spectrum)
+        spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         out = idct2d(spectrum)
         if out.dtype == torch.float16 and not is_capturing() \
                 and not bool(torch.isfinite(out).all()) \
@@ -509,35 +472,23 @@ class MoPPAUnit(nn.Module):
                 'float16 autocast; the Poisson term a3 H1 / (w^2 + eta) grows as '
                 '1 / eta at the DC frequency. Use bfloat16 (--amp with '
                 "dtype='bfloat16') or float32, or a larger eta")
-        return out if torch.is_autocast_enabled(out.device.type) else out.to(dtype)
+        return out if torch.is_autocast_enabled(out.device.type) else out.to(x.dtype)
 
-    def filtered_spectrum(self, x: torch.Tensor) -> torch.Tensor:
-        """Eq. 11 up to its inverse DCT, ``DCT2(X) * filter + field`` of ``x``
-        (..., H, W, C), in :meth:`filter_dtype` (``forward`` is
-        :meth:`inverse` of it)."""
-        self._check_input(x)
-        return self.filter_spectrum(dct2d(x))
-
-    def filter_spectrum(self, spectrum: torch.Tensor) -> torch.Tensor:
-        """``spectrum * filter + field`` for the DCT ``spectrum`` (..., H, W, C)
-        of the input, in :meth:`filter_dtype` of its dtype."""
-        self._check_input(spectrum)
+    def _filter_and_field_for(self, spectrum: torch.Tensor
+                              ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The filter and field for the DCT ``spectrum`` (..., H, W, C) of an
+        input, in :meth:`filter_dtype` of its dtype: the merged buffers, the
+        eval cache, or built."""
         size = (spectrum.shape[-3], spectrum.shape[-2])
         dtype = self.filter_dtype(spectrum.dtype)
-        capturing = is_capturing()
-        use_cache = not self.training and not capturing and not self.merged and not (
+        use_cache = not self.training and not is_capturing() and not self.merged and not (
             torch.is_grad_enabled() and self.route_logits.requires_grad)
         with torch.autocast(spectrum.device.type, enabled=False):
             if self.merged:
-                spectral_filter, field = self._merged_filter_and_field(size, dtype)
-            elif use_cache:
-                spectral_filter, field = self._cached_filter_and_field(
-                    size, spectrum.device, dtype)
-            else:
-                spectral_filter, field = self.filter_and_field(size, spectrum.device, dtype)
-        if torch.is_grad_enabled() and not capturing:
-            return _SpectralFilter.apply(spectrum, spectral_filter, field)
-        return torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
+                return self._merged_filter_and_field(size, dtype)
+            if use_cache:
+                return self._cached_filter_and_field(size, spectrum.device, dtype)
+            return self.filter_and_field(size, spectrum.device, dtype)
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() < 3 or x.shape[-1] != self.embed_dims:

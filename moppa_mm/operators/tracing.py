@@ -2,11 +2,10 @@
 
 Under ``torch.compile`` (dynamo), ``torch.export`` (which torch's default ONNX
 exporter uses), the TorchScript tracer (the older ONNX exporter) and
-``torch.jit.trace``, the operators take their plain paths: no eager-only
-custom autograd functions writing into views with ``out=``, no eval cache
-keyed on parameter versions, no values read back from the device. The graph
-compilers fuse the plain operations themselves; a trace of an eager-only
-path could record a constant or a write it does not understand.
+``torch.jit.trace``, the operators take their plain paths: no custom autograd
+functions, no eval cache keyed on parameter versions, no values read back
+from the device. The graph compilers fuse the plain operations themselves; a
+trace of an eager-only path could record a constant it does not understand.
 """
 import torch
 

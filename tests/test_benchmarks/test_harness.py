@@ -67,6 +67,13 @@ def test_every_section_runs_and_every_target_is_measured(quick_results):
     hidden, dims, window = 4, 32, 49
     assert metrics['swin_block.conv_adapter_mac_share'] == pytest.approx(
         3 * (2 * dims * hidden + 9 * hidden**2) / (2 * (12 * dims**2 + 2 * window * dims)))
+    # each custom autograd Function is timed against the plain path it stands in for
+    from benchmarks.sections.functions import CASES
+    for case in CASES:
+        key = f'functions.{case.id}'
+        assert metrics[f'{key}.function_ms'] > 0 and metrics[f'{key}.plain_ms'] > 0
+        assert metrics[f'{key}.plain_saved_mb'] > 0
+        assert metrics[f'functions.{case.function}.pays'] in ('yes', 'no')
 
 
 def test_an_id_written_by_two_sections_is_an_error():
@@ -78,6 +85,7 @@ def test_an_id_written_by_two_sections_is_an_error():
 def test_report_shows_each_target_with_its_status(quick_results):
     text = report.render(quick_results, CPU, True, 'benchmarks/run.py --quick', 1.0, 'none')
     for heading in ('### Targets', 'MoPPA unit alone', 'Kronecker matmul vs separable',
+                    'Custom autograd Functions vs the plain path',
                     'ViT-B/16 training step', 'Swin-B backbone training step',
                     'Swin-B stage-3 block', 'Where the Swin-B time goes', '### Profile:',
                     'Inference: ViT-B/16 eval forward', 'Inference: Swin-B backbone'):

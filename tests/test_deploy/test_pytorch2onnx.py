@@ -84,15 +84,20 @@ def test_both_exporters_give_the_pytorch_outputs(family, exporter, merged, reque
 
 
 def test_a_wrong_graph_is_refused(vit, tmp_path, monkeypatch):
-    """The TorchScript tracer fed the eager-only paths (the fused DCT writing
-    into the sequence with ``out=``, the eval cache) records a graph that
-    runs and is wrong (max difference ~1 here): what the older exporter gave
-    before the operators knew it was tracing. ``--verify`` catches it, says
-    so, and deletes the file."""
-    from moppa_mm.models.layers import scale_shift
-    from moppa_mm.operators import moppa_unit
-    for module in (dct, moppa_unit, scale_shift):
-        monkeypatch.setattr(module, 'is_capturing', lambda: False)
+    """A forward whose Python control flow reads the batch size (as scale &
+    shift's no-grad fold-or-scale choice once did) is traced by the
+    TorchScript exporter into a graph that runs and is wrong at other batch
+    sizes. ``--verify`` catches it, says so, and deletes the file."""
+    from moppa_mm.operators import MoPPAUnit
+    filter_and_field_for = MoPPAUnit._filter_and_field_for
+
+    def reads_the_batch(self, spectrum):  # the tracer keeps the branch it took
+        spectral_filter, field = filter_and_field_for(self, spectrum)
+        if int(spectrum.shape[0]) != tool.EXPORT_BATCH:
+            spectral_filter = 2 * spectral_filter
+        return spectral_filter, field
+
+    monkeypatch.setattr(MoPPAUnit, '_filter_and_field_for', reads_the_batch)
     config, checkpoint = classifier_files(vit, tmp_path)
     output = str(tmp_path / 'wrong.onnx')
     with pytest.raises(SystemExit, match=r'onnxruntime and PyTorch differ by up to '

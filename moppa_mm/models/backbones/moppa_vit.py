@@ -26,7 +26,6 @@ from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit
-from moppa_mm.operators.dct import dct2d_of_suffix, idct2d_after_prefix
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
@@ -63,13 +62,11 @@ class ViTMoPPAUnit(MoPPAUnit):
         batch, tokens, channels = x.shape
         grid = tuple(grid) if grid is not None else \
             self.patch_grid(tokens - self.num_extra_tokens)
-        # the patch tokens' DCT reads them in place, and the inverse writes
-        # behind the extra tokens: no split or concatenation pass either way
-        extra, spectrum = dct2d_of_suffix(x, self.num_extra_tokens, grid)
-        spectrum = self.filter_spectrum(spectrum)
-        if spectrum.dtype == x.dtype and not torch.is_autocast_enabled(x.device.type):
-            return idct2d_after_prefix(spectrum, extra)
-        patches = self.inverse(spectrum, x.dtype)  # (B, H, W, C)
+        if tokens != self.num_extra_tokens + grid[0] * grid[1]:
+            raise ValueError(f'expected (B, {self.num_extra_tokens} + {grid[0]}*{grid[1]}, '
+                             f'{channels}) tokens, got {tuple(x.shape)}')
+        extra, patches = x.split([self.num_extra_tokens, tokens - self.num_extra_tokens], dim=1)
+        patches = self(patches.reshape(batch, *grid, channels))  # (B, H, W, C), a view in
         return torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
 
 

@@ -236,10 +236,11 @@ class _RunsScaleShift:
 class LinearScaleShift(_RunsScaleShift, nn.Linear):
     """``nn.Linear`` with a :class:`ScaleShift` on its output.
 
-    Where the layer is frozen and the scale clear of zero, the scale & shift
-    run inside the matmul (:class:`_LinearScaleShift`); without gradients they
-    are folded into the weights when the activation is the larger tensor;
-    otherwise the layer's output is scaled and shifted by autograd.
+    Where a backward will come, the layer is frozen and the scale clear of
+    zero, the scale & shift run inside the matmul (:class:`_LinearScaleShift`:
+    it saves the output, which the GELU after ``fc1`` keeps anyway, instead of
+    a second tensor as large; docs/benchmarks.md); otherwise the layer's output
+    is scaled and shifted.
 
     Args:
         linear (nn.Linear): The layer; its ``weight`` and ``bias`` are adopted.
@@ -259,34 +260,27 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
         scale_shift = self.scale_shift
         if not scale_shift.enabled:
             return F.linear(inputs, self.weight, self.bias)
-        if is_capturing():  # a graph compiler fuses the plain form itself; the
-            # choice below reads the batch size, which an export keeps dynamic
-            return scale_shift(F.linear(inputs, self.weight, self.bias))
-        if not torch.is_grad_enabled() or not (
-                inputs.requires_grad or scale_shift.scale.requires_grad
-                or scale_shift.shift.requires_grad):
-            return self._forward_without_backward(inputs)
-        frozen = not self.weight.requires_grad and (
-            self.bias is None or not self.bias.requires_grad)
-        if frozen and scale_shift.channel_dim in (-1, inputs.dim() - 1) and \
-                scale_shift._scale_clear_of_zero():
+        if self._fused(inputs):
             return _LinearScaleShift.apply(inputs, self.weight, self.bias, scale_shift.scale,
                                            scale_shift.shift, scale_shift.offset)
         return scale_shift(F.linear(inputs, self.weight, self.bias))
 
+    def _fused(self, inputs: torch.Tensor) -> bool:
+        """Whether :class:`_LinearScaleShift` runs: a backward will come, the
+        layer is frozen, its scale clear of zero, and the forward is run, not
+        captured (a graph compiler or exporter gets the plain form)."""
+        scale_shift = self.scale_shift
+        if not torch.is_grad_enabled() or is_capturing() or not (
+                inputs.requires_grad or scale_shift.scale.requires_grad
+                or scale_shift.shift.requires_grad):
+            return False
+        frozen = not self.weight.requires_grad and (
+            self.bias is None or not self.bias.requires_grad)
+        return frozen and scale_shift.channel_dim in (-1, inputs.dim() - 1) and \
+            scale_shift._scale_clear_of_zero()
+
     def _plain_layer(self) -> nn.Linear:
         return nn.Linear(self.in_features, self.out_features, device='meta')
-
-    def _forward_without_backward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Fold the scale & shift into the weights when the activation is the
-        larger tensor, else scale the output."""
-        scale_shift = self.scale_shift
-        rows = inputs.numel() // max(inputs.shape[-1], 1)
-        if rows >= self.in_features:
-            weight, bias = _scaled_weight(self.weight, self.bias, scale_shift.scale,
-                                          scale_shift.shift, scale_shift.offset)
-            return F.linear(inputs, weight, bias)
-        return scale_shift(F.linear(inputs, self.weight, self.bias))
 
 
 class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):

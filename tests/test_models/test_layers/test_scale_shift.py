@@ -106,12 +106,11 @@ def test_trainable_linear_and_disabled_take_the_plain_path():
     torch.testing.assert_close(linear(x), nn.functional.linear(x, linear.weight, linear.bias))
 
 
-@pytest.mark.parametrize('rows', [2, 16])  # below / above in_features (8)
-def test_no_grad_paths(rows):
+def test_no_grad_takes_the_plain_path():
     linear, ssf, reference = fused_and_reference(dims=4, offset=8)
-    x = torch.randn(rows, 8)
-    with torch.no_grad():
-        torch.testing.assert_close(linear(x), reference(x))
+    x = torch.randn(16, 8)
+    with torch.no_grad():  # the same operations as the reference: bit for bit
+        torch.testing.assert_close(linear(x), reference(x), atol=0, rtol=0)
 
 
 def test_autocast_bfloat16():
