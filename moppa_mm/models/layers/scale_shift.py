@@ -329,6 +329,12 @@ def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
     attn.qkv = LinearScaleShift(attn.qkv, attn.ssf_value, 'ssf_value')
     attn.ssf_proj = ScaleShift(dims)
     attn.proj = LinearScaleShift(attn.proj, attn.ssf_proj, 'ssf_proj')
+    attach_ffn_scale_shift(ffn)
+
+
+def attach_ffn_scale_shift(ffn: nn.Module) -> None:
+    """Scale & shift both layers of ``ffn`` (mmcv's ``FFN``) as ``ffn.ssf_fc1``
+    and ``ffn.ssf_fc2``; its two linear layers become :class:`LinearScaleShift`."""
     fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
     ffn.ssf_fc1 = ScaleShift(fc1.out_features)
     ffn.layers[0][0] = LinearScaleShift(fc1, ffn.ssf_fc1, 'ssf_fc1')
