@@ -1,11 +1,13 @@
 """A checkpoint says how its adapter was built, and loading stops on any
 disagreement, naming the key, both values and the fix: on a real mmpretrain
 classifier and a real mmdet detector, built from configs as the tools build
-them. The base an adapter-only checkpoint lacks comes from the file its record
-names, verified by a fingerprint."""
+them. The base comes from the config when the model is built; a load only
+compares the checkpoint's record (options, base fingerprint) with the model,
+and never opens the base file (or URL) the record names."""
 import copy
 import os
 import os.path as osp
+import socket
 
 import pytest
 import torch
@@ -93,15 +95,94 @@ def test_adapter_checkpoint_is_small_and_says_what_it_is(trained_classifier):
     assert frozen == []
 
 
-def test_the_base_comes_back_from_the_record(trained_classifier):
-    """Built as init_detector / get_model build (no init_cfg), the adapter-only
-    checkpoint restores the recorded base: the same outputs as the trained model."""
-    model = build(classifier_cfg())
+def test_the_base_comes_from_the_config_when_built(trained_classifier):
+    """Built from the config (init_cfg names the base), no init_weights: the
+    adapter-only checkpoint gives the trained model's outputs."""
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    assert model.backbone.pretrained_base['checkpoint'] == trained_classifier['pretrained']
     load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
     trained = trained_classifier['model']
     image = torch.randn(2, 3, 32, 32)
     model.eval(), trained.eval()
     torch.testing.assert_close(model(image, mode='tensor'), trained(image, mode='tensor'))
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The files torch.load opens and the addresses sockets connect to."""
+    seen = dict(files=[], addresses=[])
+    torch_load = torch.load
+
+    def spy_load(f, *args, **kwargs):
+        seen['files'].append(str(f))
+        return torch_load(f, *args, **kwargs)
+
+    def spy_connect(sock, address):
+        seen['addresses'].append(address)
+        raise ConnectionRefusedError('nothing listens here (test)')
+
+    monkeypatch.setattr(torch, 'load', spy_load)
+    monkeypatch.setattr(socket.socket, 'connect', spy_connect)
+    return seen
+
+
+@pytest.mark.parametrize('recorded', ['url', 'other file'])
+def test_a_load_never_opens_the_recorded_base(trained_classifier, tmp_path, opened,
+                                              recorded):
+    """A record naming another base file or a URL steers nothing: into a model
+    without a base the load stops with the fix, naming the recorded path as
+    information; into a model with its base it loads; neither opens it."""
+    other = str(tmp_path / 'other_base.pth')
+    state = torch.load(trained_classifier['pretrained'], weights_only=True)
+    state['state_dict']['backbone.ln1.weight'] += 1  # would change the outputs
+    torch.save(state, other)
+    base = 'http://127.0.0.1:9/base.pth' if recorded == 'url' else other
+    path = with_recorded_base(trained_classifier['checkpoint'], base, tmp_path)
+    opened['files'].clear()
+    with pytest.raises(PretrainedMismatchError,
+                       match=r'(?s)adapter-only.*no pre-trained base.*names no Pretrained '
+                       rf"checkpoint.*trained on '{base}'.*does not open it.*init_cfg.*"
+                       '--merge-base'):
+        load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    load_checkpoint(model, path, map_location='cpu')
+    assert opened['addresses'] == []
+    assert other not in opened['files'] and base not in opened['files']
+    assert set(opened['files']) == {path, trained_classifier['pretrained']}
+    trained = trained_classifier['model'].eval()
+    image = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(image, mode='tensor'),
+                               trained(image, mode='tensor'))
+
+
+def test_a_missing_base_file_at_build_warns_and_the_load_stops(trained_classifier,
+                                                               tmp_path, caplog):
+    from mmengine.logging import MMLogger
+    missing = str(tmp_path / 'moved.pth')
+    logger = MMLogger.get_current_instance()
+    logger.propagate = True
+    try:
+        model = build(classifier_cfg(missing))
+    finally:
+        logger.propagate = False
+    assert f"init_cfg.checkpoint = '{missing}' does not exist" in caplog.text
+    assert model.backbone.pretrained_base is None
+    with pytest.raises(PretrainedMismatchError,
+                       match=r"(?s)no pre-trained base: model.backbone.init_cfg names "
+                       rf"'{missing}', which was not loaded.*vit_base.pth"):
+        load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+
+
+def test_init_weights_after_the_build_keeps_the_base(trained_classifier):
+    """The Runner calls init_weights() after the build: the base loaded then
+    stays (mmpretrain's ViT skips it; an explicit call leaves the base too)."""
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    base = model.backbone.layers[0].attn.qkv.weight.detach().clone()
+    with torch.no_grad():
+        model.backbone.layers[0].attn.qkv.weight.add_(1)  # not what a re-load gives
+    model.init_weights()
+    model.backbone.init_weights()
+    torch.testing.assert_close(model.backbone.layers[0].attn.qkv.weight, base + 1)
 
 
 @pytest.mark.parametrize('option, value, key', [
@@ -136,7 +217,8 @@ def test_a_head_of_another_size_stops(trained_classifier):
 
 
 def test_the_override_loads_with_a_warning(trained_classifier):
-    model = build(classifier_cfg(moppa_cfg=dict(eta=1e-2), strict_adapter_record=False))
+    model = build(classifier_cfg(trained_classifier['pretrained'], moppa_cfg=dict(eta=1e-2),
+                                 strict_adapter_record=False))
     load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
 
 
@@ -154,11 +236,13 @@ def test_another_base_stops(trained_classifier, tmp_path):
         load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
 
 
-def test_a_missing_recorded_base_is_named(trained_classifier, tmp_path):
+def test_a_recorded_base_elsewhere_is_information(trained_classifier, tmp_path):
+    """The record names a file that is not here: the model's base (by its
+    fingerprint) decides; another base file in init_cfg is refused."""
     path = with_recorded_base(trained_classifier['checkpoint'], tmp_path / 'gone.pth',
                               tmp_path)
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)recorded base '.*gone.pth' does not exist.*--merge-base"):
+                       match=r"(?s)no pre-trained base.*trained on '.*gone.pth'.*--merge-base"):
         load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
     # the file under another name, given in init_cfg: verified by the fingerprint
     model = build(classifier_cfg(trained_classifier['pretrained']))
@@ -272,7 +356,7 @@ def test_old_checkpoint_without_a_record_still_loads(trained_classifier, tmp_pat
 def test_new_task_from_adapters_with_the_override(trained_classifier):
     """strict_adapter_record=False: the adapters load, heads of another size
     start anew (a warning instead of the stop)."""
-    cfg = classifier_cfg(strict_adapter_record=False)
+    cfg = classifier_cfg(trained_classifier['pretrained'], strict_adapter_record=False)
     cfg['head']['num_classes'] = 7
     model = build(cfg)
     head = model.head.layers.head.weight.clone()
@@ -291,15 +375,15 @@ def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):
     state['state_dict']['backbone.ln1.weight'] += 1
     torch.save(state, base)  # the same path, other weights
     with pytest.raises(AdapterRecordMismatchError, match='has changed since the adapters'):
-        load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
+        load_checkpoint(build(classifier_cfg(base)), path, map_location='cpu')
 
 
 def test_a_configured_base_that_is_gone_too_is_named(trained_classifier, tmp_path):
     path = with_recorded_base(trained_classifier['checkpoint'], tmp_path / 'gone.pth',
                               tmp_path)
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)gone.pth' does not exist.*moved.pth' does not exist "
-                       'either.*--merge-base'):
+                       match=r"(?s)init_cfg names '.*moved.pth', which was not loaded.*"
+                       "trained on '.*gone.pth'.*--merge-base"):
         load_checkpoint(build(classifier_cfg(str(tmp_path / 'moved.pth'))), path,
                         map_location='cpu')
 
