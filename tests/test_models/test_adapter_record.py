@@ -156,16 +156,22 @@ def test_a_load_never_opens_the_recorded_base(trained_classifier, tmp_path, open
 
 
 def test_a_missing_base_file_at_build_warns_and_the_load_stops(trained_classifier,
-                                                               tmp_path, caplog):
+                                                               tmp_path):
+    import logging
+
     from mmengine.logging import MMLogger
     missing = str(tmp_path / 'moved.pth')
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
     logger = MMLogger.get_current_instance()
-    logger.propagate = True
+    logger.addHandler(handler)
     try:
         model = build(classifier_cfg(missing))
     finally:
-        logger.propagate = False
-    assert f"init_cfg.checkpoint = '{missing}' does not exist" in caplog.text
+        logger.removeHandler(handler)
+    log = '\n'.join(record.getMessage() for record in records)
+    assert f"init_cfg.checkpoint = '{missing}' does not exist" in log
     assert model.backbone.pretrained_base is None
     with pytest.raises(PretrainedMismatchError,
                        match=r"(?s)no pre-trained base: model.backbone.init_cfg names "
@@ -261,6 +267,20 @@ def test_the_recorded_options_survive_a_round_trip_with_strict_loading(trained_c
     model.init_weights()
     state = torch.load(trained_classifier['checkpoint'], weights_only=True)['state_dict']
     assert model.load_state_dict(state, strict=True)  # the record is no missing key
+
+
+def test_the_parent_hooks_are_named_and_leave_with_the_backbone():
+    model = build(classifier_cfg())
+    assert 'parent_hooks=(ImageClassifier.backbone: loss_route into the loss dict; ' \
+        'head shapes recorded and checked on load)' in repr(model)
+    hooks = (model._forward_hooks, model._state_dict_hooks, model._load_state_dict_pre_hooks)
+    assert [len(h) for h in hooks] == [1, 1, 1]
+    backbone = model.backbone
+    model.backbone = torch.nn.Identity()  # another module in the backbone's place
+    assert [len(h) for h in hooks] == [0, 0, 0]
+    assert 'parent_hooks' not in repr(backbone) and 'parent_hooks' not in repr(model)
+    model.backbone = backbone  # back: hooked again, once
+    assert [len(h) for h in hooks] == [1, 1, 1]
 
 
 def test_bad_options_are_named():

@@ -229,6 +229,15 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                                f'(merge_adapters): it {what}. Build the model from its '
                                'config and load the unmerged checkpoint to train it')
 
+    def extra_repr(self) -> str:
+        """The base class's, and the hooks the model holding this backbone
+        runs for it (:mod:`.parent_hooks`)."""
+        text = super().extra_repr()
+        hooks = self.__dict__.get('_parent_hooks')
+        if hooks:
+            text += ('\n' if text else '') + f'parent_hooks=({hooks})'
+        return text
+
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
         return ADAPTER_GROUPS + (('pretrained', ('*', ), self.PRETRAINED_LABEL), )
 
