@@ -147,9 +147,10 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         adapters start anew. Errors while reading the pre-trained checkpoint
         name the file; an unconverted release (no keys under
         ``init_cfg.prefix``) is named with its converter command. Logs the
-        parameter table."""
+        parameter table with the base."""
         self._refuse_if_merged('cannot be initialised again')
-        if self._base is None:
+        base_in_model = self._base is not None
+        if not base_in_model:
             # the base classes' own init reads self.state_dict() whole (mmdet's
             # Swin resizes its position-bias tables against it)
             full, self._full_state = self._full_state, True
@@ -159,7 +160,8 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                 self._full_state = full
         for module in self._adapters():
             module.reset_parameters()
-        print_log('\n' + self.parameter_report(), logger='current')
+        if not base_in_model:  # logged once: when the base came
+            print_log('\n' + self.parameter_report(), logger='current')
 
     def _init_base_weights(self) -> None:
         checkpoint, prefix = self.configured_base()
