@@ -19,7 +19,7 @@ from moppa_mm.models import MoPPAConfig, full_state, read_adapter_record
 from moppa_mm.models.backbones.adapter_state import encode_record
 from moppa_mm.models.backbones.adapter_mixin import (AdapterRecordMismatchError,
                                                      PretrainedMismatchError)
-from tests.conftest import DEMO_CONFIG
+from tests.conftest import DEMO_CONFIG, logged_messages
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 
@@ -157,20 +157,10 @@ def test_a_load_never_opens_the_recorded_base(trained_classifier, tmp_path, open
 
 def test_a_missing_base_file_at_build_warns_and_the_load_stops(trained_classifier,
                                                                tmp_path):
-    import logging
-
-    from mmengine.logging import MMLogger
     missing = str(tmp_path / 'moved.pth')
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
+    with logged_messages() as messages:
         model = build(classifier_cfg(missing))
-    finally:
-        logger.removeHandler(handler)
-    log = '\n'.join(record.getMessage() for record in records)
+    log = '\n'.join(messages)
     assert f"init_cfg.checkpoint = '{missing}' does not exist" in log
     assert model.backbone.pretrained_base is None
     with pytest.raises(PretrainedMismatchError,
