@@ -19,18 +19,16 @@ from mmengine.logging import print_log
 
 from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
-from moppa_mm.utils.params import (NORM_TYPES, frozen_norms,  # noqa: F401
-                                   parameter_table, set_trainable)
+from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
 from moppa_mm.operators import moppa_units
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
 from ..moppa_config import MoPPAConfig
 from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
-                            AdapterRecordMismatchError, AdapterStateMixin,
+                            AdapterRecordMismatchError, AdapterStateMixin, _is_url,
                             PretrainedMismatchError, full_state, is_adapter_key,
                             read_adapter_record)
-from .adapter_state import _is_url
 from .route_loss import RouteLossMixin
 
 
