@@ -2,9 +2,17 @@
 
 Importing the package registers its backbones, data sets and hooks in
 mmdet's, mmpretrain's and mmengine's registries, the ``moppa_mm::`` config
-scope, and mmengine's checkpoint types with torch's ``weights_only`` loader,
-and does nothing else; configs do it with
+scope, and mmengine's checkpoint types with torch's ``weights_only`` loader;
+configs do it with
 ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
+
+It also registers one torch module-registration hook
+(:mod:`moppa_mm.models.backbones.parent_hooks`), so that a config changes only
+the backbone: a model that is assigned a MoPPA backbone (``detector.backbone =
+...``) gets a forward hook that adds ``loss_route`` to its loss dict and
+state-dict hooks that record and check its heads' shapes. ``print(model)``
+shows them on the backbone (``parent_hooks=...``); assigning another module in
+the backbone's place removes them. Other modules are left as they are.
 """
 
 

@@ -1,4 +1,6 @@
 """Shared fixtures: tiny generated data, tiny configs, the repo's python."""
+import contextlib
+import logging
 import os
 import os.path as osp
 import sys
@@ -54,6 +56,24 @@ def tiny_detection_cfg(data, work_dir, max_iters=2, val_interval=None,
     cfg.log_processor = ConfigDict(by_epoch=False, window_size=1)
     cfg.work_dir = str(work_dir)
     return cfg
+
+
+@contextlib.contextmanager
+def logged_messages():
+    """The messages mmengine's current logger logs within the block (its
+    console handler keeps the stream it started with: capsys misses them)."""
+    from mmengine.logging import MMLogger
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    messages = []
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        messages.extend(record.getMessage() for record in records)
 
 
 def dump_cfg(cfg, path):

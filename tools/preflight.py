@@ -78,9 +78,9 @@ def _detection_dataset_class(type_name) -> Optional[type]:
 
 
 def _some(names: Sequence[str], shown: int = 10) -> str:
-    """``'a', 'b', ... (and 70 more)``."""
-    text = ', '.join(map(repr, names[:shown]))
-    return text + (f', ... ({len(names)} in all)' if len(names) > shown else '')
+    """``'a', 'b', ... (70 in all)``."""
+    from moppa_mm.utils.params import few
+    return few(map(repr, names), shown)
 
 
 def _check_coco_categories(where: str, classes: Sequence[str], source: str,

@@ -3,7 +3,7 @@
 A MoPPA model fine-tuned on many tasks shares its whole backbone but the
 adapters; every task's checkpoint is adapter-only (the adapters, the heads and
 the adapter record). Loading such a checkpoint the usual way
-(``load_state_dict``) checks it and restores or copies the base each time. A
+(``load_state_dict``) checks it and copies the base onto itself each time. A
 bank loads the base once and keeps, per task, only what differs::
 
     bank = AdapterBank.from_config('configs/vtab1k/moppa_..._vtab1k-cifar.py')
@@ -40,14 +40,15 @@ from moppa_mm.models.backbones.adapter_state import (RECORD_KEY,
                                                      AdapterStateMixin,
                                                      PretrainedMismatchError,
                                                      decode_record, full_state,
-                                                     is_adapter_key)
+                                                     is_adapter_key, is_adapter_record)
 from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file
+from moppa_mm.utils.params import few
 
 Checkpoint = Union[str, Mapping[str, Any]]
 
 
-def _few(items: List[str], n: int = 3) -> str:
-    return '; '.join(items[:n]) + (f'; ... ({len(items)} in all)' if len(items) > n else '')
+def _few(items: List[str]) -> str:
+    return few(items, 3, sep='; ')
 
 
 def _tensor_bytes(tensors) -> int:
@@ -104,7 +105,8 @@ class AdapterBank:
     Args:
         model (nn.Module): an mmpretrain classifier or mmdet detector whose
             MoPPA backbone is one of its children, with its pre-trained base
-            loaded (``model.init_weights()``; :meth:`from_config` does it).
+            loaded (the backbone loads the one its ``init_cfg`` names when
+            built).
         cfg (str | Config, optional): the config the model was built from;
             :meth:`add` then checks that a task's config builds the same
             backbone.
@@ -142,12 +144,11 @@ class AdapterBank:
     @classmethod
     def from_config(cls, cfg: Union[str, Config],
                     device: Union[str, torch.device, None] = None) -> 'AdapterBank':
-        """Build ``cfg``'s model, load its pre-trained base (``init_weights``:
-        the backbone's ``init_cfg``), put it on ``device`` in eval mode, and
-        wrap it in a bank."""
+        """Build ``cfg``'s model (its backbone loads the pre-trained base
+        ``init_cfg`` names), put it on ``device`` in eval mode, and wrap it in
+        a bank."""
         cfg = _read_config(cfg)
         model = build_model(cfg)
-        model.init_weights()
         if device is not None:
             model.to(device)
         model.eval()
@@ -173,7 +174,7 @@ class AdapterBank:
 
     def base_fingerprint(self) -> Optional[str]:
         """The fingerprint the backbone recorded when its base was loaded."""
-        base = self.backbone._base
+        base = self.backbone.pretrained_base
         return base.get('fingerprint') if base else None
 
     def _task(self, name: str) -> _Task:
@@ -280,13 +281,13 @@ class AdapterBank:
 
     # ------------------------------------------------------------- checks
     def _check_record(self, record: Optional[Dict[str, Any]], what: str) -> None:
-        if not self.backbone._valid_record(record):
+        if not is_adapter_record(record):
             raise AdapterRecordMismatchError(
                 f'{what} has no adapter record of a {type(self.backbone).__name__} '
                 f'(key {self.backbone_name}.{RECORD_KEY}): not a checkpoint of a MoPPA '
                 'model, or saved before moppa_mm recorded one; its adapters cannot be '
                 'checked against the bank\'s base')
-        mismatches = self.backbone._record_mismatches(record)
+        mismatches = self.backbone.record_mismatches(record)
         if mismatches:
             raise AdapterRecordMismatchError(
                 f'{what} was built with other options than the bank\'s model; '
@@ -317,13 +318,14 @@ class AdapterBank:
         if ours is None:
             raise AdapterRecordMismatchError(
                 f'{what} is adapter-only, but the bank\'s model has no pre-trained base '
-                'loaded (call model.init_weights() with the backbone\'s init_cfg, or '
-                'use AdapterBank.from_config)')
+                '(build it with model.backbone.init_cfg naming the Pretrained checkpoint '
+                'the adapters were trained on)')
         if theirs != ours:
             raise AdapterRecordMismatchError(
                 f'{what} was trained on another base; base.fingerprint: {theirs!r} '
                 f'({recorded.get("checkpoint")!r}) in the checkpoint, {ours!r} '
-                f'({self.backbone._base.get("checkpoint")!r}) in the bank\'s model')
+                f'({self.backbone.pretrained_base.get("checkpoint")!r}) in the bank\'s '
+                'model')
 
     def _take_adapters(self, backbone_state: Dict[str, torch.Tensor],
                        what: str) -> Dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ from typing import List, Optional
 from mmdet.datasets import CocoDataset
 from mmdet.registry import DATASETS
 
+from moppa_mm.utils.params import few
 from .image_files import check_image_file
 
 
@@ -26,9 +27,7 @@ FIRST = 5
 
 
 def _first(items) -> str:
-    items = list(items)
-    more = f', ... ({len(items)} in all)' if len(items) > FIRST else ''
-    return ', '.join(str(i) for i in items[:FIRST]) + more
+    return few(items, FIRST)
 
 
 def _image_size_on_disk(path: str) -> Optional[tuple]:

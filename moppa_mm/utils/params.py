@@ -1,9 +1,22 @@
-"""Parameter bookkeeping: trainable patterns and the breakdown table."""
+"""Parameter bookkeeping: trainable patterns, the frozen state, the breakdown
+table, and the short lists of names that messages show."""
 import fnmatch
 from collections import OrderedDict
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
+              nn.InstanceNorm2d)
+
+
+def few(items: Iterable, shown: int = 5, sep: str = ', ') -> str:
+    """The first ``shown`` items, and how many there are in all: ``a, b, ...
+    (70 in all)``. Messages list names with it."""
+    items = [str(item) for item in items]
+    more = f'{sep}... ({len(items)} in all)' if len(items) > shown else ''
+    return sep.join(items[:shown]) + more
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
@@ -61,3 +74,32 @@ def set_trainable(model: nn.Module, trainable: Sequence[str],
                 param.requires_grad_(want)
                 changed.append(name)
     return changed
+
+
+def frozen_state_keys(model: nn.Module, keep: Sequence[str] = ()) -> List[str]:
+    """The state-dict keys a fine-tuning run does not change: frozen parameters
+    and the persistent buffers of modules whose parameters are all frozen
+    (e.g. Swin's relative position index), except names matching ``keep``."""
+    keys = [n for n, p in model.named_parameters()
+            if not p.requires_grad and not matches(n, keep)]
+    for module_name, module in model.named_modules():
+        params = list(module.parameters(recurse=False))
+        prefix = f'{module_name}.' if module_name else ''
+        if params and not any(p.requires_grad for p in params) \
+                and not matches(prefix, keep):
+            keys += [prefix + b for b, _ in module.named_buffers(recurse=False)
+                     if b not in module._non_persistent_buffers_set]
+    return keys
+
+
+def frozen_norms(model: nn.Module) -> List[nn.Module]:
+    """The normalisation layers whose parameters are all frozen: they stay in
+    eval mode while the model trains (a batch norm's statistics are part of
+    the frozen base)."""
+    norms = []
+    for module in model.modules():
+        params = list(module.parameters())
+        if isinstance(module, NORM_TYPES) and params and \
+                not any(p.requires_grad for p in params):
+            norms.append(module)
+    return norms

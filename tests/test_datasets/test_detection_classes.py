@@ -2,14 +2,12 @@
 a mismatch otherwise fails at the first iteration (IndexError in mmdet's
 losses) or after a whole epoch (IndexError in CocoMetric.results2json)."""
 import json
-import logging
 
 import pytest
-from mmengine.logging import MMLogger
 
 from moppa_mm.datasets.coco import CheckedCocoDataset, read_coco_categories
 from preflight import check_config  # tools/
-from tests.conftest import tiny_detection_cfg
+from tests.conftest import logged_messages, tiny_detection_cfg
 
 TWO = ('square', 'circle')  # of the demo's square, circle, triangle
 
@@ -52,16 +50,9 @@ def test_a_class_subset_needs_heads_of_its_size(shapes_data, tmp_path):
                        r"'circle'; .*or the data set's metainfo=dict\(classes=...\)"):
         check_config(cfg)
     set_head_classes(cfg, 2)
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
+    with logged_messages() as messages:
         check_config(cfg)
-    finally:
-        logger.removeHandler(handler)
-    log = '\n'.join(record.getMessage() for record in records)
+    log = '\n'.join(messages)
     assert 'train_dataloader.dataset: the classes are 2 of the 3 categories of ' in log
     assert 'leaves out the annotations of the others: triangle' in log
 

@@ -81,13 +81,23 @@ def test_merged_state_dict_loads_into_a_model_from_the_config(classifier):
     assert not any('ssf_' in key or 'route_logits' in key for key in state)
     assert 'backbone.layers.0.moppa.merged_filter' in state
     assert 'backbone.cls_token' in state  # the whole model: folded weights changed
-    fresh = build(classifier_cfg(), 'mmpretrain')
-    fresh.load_state_dict(state)  # strict: the model merges itself first
+    unmerged = build(classifier_cfg(), 'mmpretrain')
+    with pytest.raises(PretrainedMismatchError, match=r'(?s)is merged .*this model is not.*'
+                       r'model.backbone.merged=True.*merge_adapters\(model\) before the load'):
+        unmerged.load_state_dict(state)  # the load does not merge the model
+    assert not unmerged.backbone.merged
+    assert any('ssf_' in name for name, _ in unmerged.backbone.named_modules())
+    cfg = classifier_cfg()
+    cfg['backbone']['merged'] = True  # explicit: the model is built merged
+    fresh = build(cfg, 'mmpretrain')
     assert fresh.backbone.merged
+    fresh.load_state_dict(state)  # strict
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(fresh.eval()(images, mode='tensor'),
                                    merged(images, mode='tensor'), atol=0, rtol=0)
+    unmerged.load_state_dict(classifier.state_dict())
+    merge_adapters(unmerged).load_state_dict(state)  # or merged before the load
 
 
 def test_a_merged_model_refuses_what_it_cannot_do(classifier):

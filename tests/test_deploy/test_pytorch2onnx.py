@@ -152,8 +152,8 @@ def run_tool(*args):
 
 
 def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
-    """The adapter-only checkpoint restores its base from the file its record
-    names (the config has no init_cfg); default exporter, merged."""
+    """The adapter-only checkpoint loads into the model built from the config,
+    whose init_cfg names the base; default exporter, merged."""
     torch.manual_seed(0)
     base = build(classifier_cfg(), 'mmpretrain')
     pretrained = str(tmp_path / 'vit_base.pth')
@@ -168,7 +168,7 @@ def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
     torch.save({'state_dict': model.state_dict()}, checkpoint)  # adapters and head
     assert not any(k.endswith('qkv.weight') for k in torch.load(checkpoint)['state_dict'])
     config = str(tmp_path / 'vit.py')
-    Config(dict(default_scope='mmpretrain', model=classifier_cfg())).dump(config)
+    Config(dict(default_scope='mmpretrain', model=classifier_cfg(pretrained))).dump(config)
     output = str(tmp_path / 'out' / 'vit.onnx')
     stdout = run_tool(config, checkpoint, '--output-file', output, '--verify')
     assert 'logits (logits) of (batch, 3, 32, 32) images, merged adapters, dynamo ' \

@@ -8,7 +8,7 @@ from cpu_distributed import setup_distributed  # tools/
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from moppa_mm.models.backbones.adapter_mixin import NORM_TYPES
+from moppa_mm.utils.params import NORM_TYPES
 from tests.conftest import tiny_detection_cfg
 
 

@@ -1,11 +1,13 @@
 """A checkpoint says how its adapter was built, and loading stops on any
 disagreement, naming the key, both values and the fix: on a real mmpretrain
 classifier and a real mmdet detector, built from configs as the tools build
-them. The base an adapter-only checkpoint lacks comes from the file its record
-names, verified by a fingerprint."""
+them. The base comes from the config when the model is built; a load only
+compares the checkpoint's record (options, base fingerprint) with the model,
+and never opens the base file (or URL) the record names."""
 import copy
 import os
 import os.path as osp
+import socket
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from moppa_mm.models import MoPPAConfig, full_state, read_adapter_record
 from moppa_mm.models.backbones.adapter_state import encode_record
 from moppa_mm.models.backbones.adapter_mixin import (AdapterRecordMismatchError,
                                                      PretrainedMismatchError)
-from tests.conftest import DEMO_CONFIG
+from tests.conftest import DEMO_CONFIG, logged_messages
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 
@@ -93,15 +95,90 @@ def test_adapter_checkpoint_is_small_and_says_what_it_is(trained_classifier):
     assert frozen == []
 
 
-def test_the_base_comes_back_from_the_record(trained_classifier):
-    """Built as init_detector / get_model build (no init_cfg), the adapter-only
-    checkpoint restores the recorded base: the same outputs as the trained model."""
-    model = build(classifier_cfg())
+def test_the_base_comes_from_the_config_when_built(trained_classifier):
+    """Built from the config (init_cfg names the base), no init_weights: the
+    adapter-only checkpoint gives the trained model's outputs."""
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    assert model.backbone.pretrained_base['checkpoint'] == trained_classifier['pretrained']
     load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
     trained = trained_classifier['model']
     image = torch.randn(2, 3, 32, 32)
     model.eval(), trained.eval()
     torch.testing.assert_close(model(image, mode='tensor'), trained(image, mode='tensor'))
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The files torch.load opens and the addresses sockets connect to."""
+    seen = dict(files=[], addresses=[])
+    torch_load = torch.load
+
+    def spy_load(f, *args, **kwargs):
+        seen['files'].append(str(f))
+        return torch_load(f, *args, **kwargs)
+
+    def spy_connect(sock, address):
+        seen['addresses'].append(address)
+        raise ConnectionRefusedError('nothing listens here (test)')
+
+    monkeypatch.setattr(torch, 'load', spy_load)
+    monkeypatch.setattr(socket.socket, 'connect', spy_connect)
+    return seen
+
+
+@pytest.mark.parametrize('recorded', ['url', 'other file'])
+def test_a_load_never_opens_the_recorded_base(trained_classifier, tmp_path, opened,
+                                              recorded):
+    """A record naming another base file or a URL steers nothing: into a model
+    without a base the load stops with the fix, naming the recorded path as
+    information; into a model with its base it loads; neither opens it."""
+    other = str(tmp_path / 'other_base.pth')
+    state = torch.load(trained_classifier['pretrained'], weights_only=True)
+    state['state_dict']['backbone.ln1.weight'] += 1  # would change the outputs
+    torch.save(state, other)
+    base = 'http://127.0.0.1:9/base.pth' if recorded == 'url' else other
+    path = with_recorded_base(trained_classifier['checkpoint'], base, tmp_path)
+    opened['files'].clear()
+    with pytest.raises(PretrainedMismatchError,
+                       match=r'(?s)adapter-only.*no pre-trained base.*names no Pretrained '
+                       rf"checkpoint.*trained on '{base}'.*does not open it.*init_cfg.*"
+                       '--merge-base'):
+        load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    load_checkpoint(model, path, map_location='cpu')
+    assert opened['addresses'] == []
+    assert other not in opened['files'] and base not in opened['files']
+    assert set(opened['files']) == {path, trained_classifier['pretrained']}
+    trained = trained_classifier['model'].eval()
+    image = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(image, mode='tensor'),
+                               trained(image, mode='tensor'))
+
+
+def test_a_missing_base_file_at_build_warns_and_the_load_stops(trained_classifier,
+                                                               tmp_path):
+    missing = str(tmp_path / 'moved.pth')
+    with logged_messages() as messages:
+        model = build(classifier_cfg(missing))
+    log = '\n'.join(messages)
+    assert f"init_cfg.checkpoint = '{missing}' does not exist" in log
+    assert model.backbone.pretrained_base is None
+    with pytest.raises(PretrainedMismatchError,
+                       match=r"(?s)no pre-trained base: model.backbone.init_cfg names "
+                       rf"'{missing}', which was not loaded.*vit_base.pth"):
+        load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
+
+
+def test_init_weights_after_the_build_keeps_the_base(trained_classifier):
+    """The Runner calls init_weights() after the build: the base loaded then
+    stays (mmpretrain's ViT skips it; an explicit call leaves the base too)."""
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    base = model.backbone.layers[0].attn.qkv.weight.detach().clone()
+    with torch.no_grad():
+        model.backbone.layers[0].attn.qkv.weight.add_(1)  # not what a re-load gives
+    model.init_weights()
+    model.backbone.init_weights()
+    torch.testing.assert_close(model.backbone.layers[0].attn.qkv.weight, base + 1)
 
 
 @pytest.mark.parametrize('option, value, key', [
@@ -136,7 +213,8 @@ def test_a_head_of_another_size_stops(trained_classifier):
 
 
 def test_the_override_loads_with_a_warning(trained_classifier):
-    model = build(classifier_cfg(moppa_cfg=dict(eta=1e-2), strict_adapter_record=False))
+    model = build(classifier_cfg(trained_classifier['pretrained'], moppa_cfg=dict(eta=1e-2),
+                                 strict_adapter_record=False))
     load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
 
 
@@ -154,11 +232,13 @@ def test_another_base_stops(trained_classifier, tmp_path):
         load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
 
 
-def test_a_missing_recorded_base_is_named(trained_classifier, tmp_path):
+def test_a_recorded_base_elsewhere_is_information(trained_classifier, tmp_path):
+    """The record names a file that is not here: the model's base (by its
+    fingerprint) decides; another base file in init_cfg is refused."""
     path = with_recorded_base(trained_classifier['checkpoint'], tmp_path / 'gone.pth',
                               tmp_path)
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)recorded base '.*gone.pth' does not exist.*--merge-base"):
+                       match=r"(?s)no pre-trained base.*trained on '.*gone.pth'.*--merge-base"):
         load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
     # the file under another name, given in init_cfg: verified by the fingerprint
     model = build(classifier_cfg(trained_classifier['pretrained']))
@@ -177,6 +257,20 @@ def test_the_recorded_options_survive_a_round_trip_with_strict_loading(trained_c
     model.init_weights()
     state = torch.load(trained_classifier['checkpoint'], weights_only=True)['state_dict']
     assert model.load_state_dict(state, strict=True)  # the record is no missing key
+
+
+def test_the_parent_hooks_are_named_and_leave_with_the_backbone():
+    model = build(classifier_cfg())
+    assert 'parent_hooks=(ImageClassifier.backbone: loss_route into the loss dict; ' \
+        'head shapes recorded and checked on load)' in repr(model)
+    hooks = (model._forward_hooks, model._state_dict_hooks, model._load_state_dict_pre_hooks)
+    assert [len(h) for h in hooks] == [1, 1, 1]
+    backbone = model.backbone
+    model.backbone = torch.nn.Identity()  # another module in the backbone's place
+    assert [len(h) for h in hooks] == [0, 0, 0]
+    assert 'parent_hooks' not in repr(backbone) and 'parent_hooks' not in repr(model)
+    model.backbone = backbone  # back: hooked again, once
+    assert [len(h) for h in hooks] == [1, 1, 1]
 
 
 def test_bad_options_are_named():
@@ -272,7 +366,7 @@ def test_old_checkpoint_without_a_record_still_loads(trained_classifier, tmp_pat
 def test_new_task_from_adapters_with_the_override(trained_classifier):
     """strict_adapter_record=False: the adapters load, heads of another size
     start anew (a warning instead of the stop)."""
-    cfg = classifier_cfg(strict_adapter_record=False)
+    cfg = classifier_cfg(trained_classifier['pretrained'], strict_adapter_record=False)
     cfg['head']['num_classes'] = 7
     model = build(cfg)
     head = model.head.layers.head.weight.clone()
@@ -291,15 +385,15 @@ def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):
     state['state_dict']['backbone.ln1.weight'] += 1
     torch.save(state, base)  # the same path, other weights
     with pytest.raises(AdapterRecordMismatchError, match='has changed since the adapters'):
-        load_checkpoint(build(classifier_cfg()), path, map_location='cpu')
+        load_checkpoint(build(classifier_cfg(base)), path, map_location='cpu')
 
 
 def test_a_configured_base_that_is_gone_too_is_named(trained_classifier, tmp_path):
     path = with_recorded_base(trained_classifier['checkpoint'], tmp_path / 'gone.pth',
                               tmp_path)
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)gone.pth' does not exist.*moved.pth' does not exist "
-                       'either.*--merge-base'):
+                       match=r"(?s)init_cfg names '.*moved.pth', which was not loaded.*"
+                       "trained on '.*gone.pth'.*--merge-base"):
         load_checkpoint(build(classifier_cfg(str(tmp_path / 'moved.pth'))), path,
                         map_location='cpu')
 

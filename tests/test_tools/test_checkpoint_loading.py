@@ -12,7 +12,6 @@ from mmengine.runner import Runner, load_checkpoint
 from preflight import check_config  # tools/
 
 from moppa_mm.models import full_state, read_adapter_record
-from moppa_mm.models.backbones.adapter_state import encode_record
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
@@ -146,12 +145,11 @@ def test_vit_checkpoint_as_swin_pretrained_stops(trained, tmp_path):
         build_detector(cfg).init_weights()
 
 
-def test_adapter_only_checkpoint_restores_its_recorded_base(trained, tmp_path):
-    """As init_detector builds the model (no init_cfg): the base comes from the
-    file the record names; where that file is gone too, the error names it."""
-    cfg = copy.deepcopy(trained['cfg'])
-    cfg.model.backbone.init_cfg = None
-    model = build_detector(cfg)
+def test_adapter_only_checkpoint_takes_the_base_built_from_the_config(trained):
+    """The base comes when the model is built (init_cfg); built without it (as
+    init_detector builds it), the load stops with the fix and names the base
+    the record names, which it does not open."""
+    model = build_detector(copy.deepcopy(trained['cfg']))  # no init_weights
     load_checkpoint(model, trained['ckpt'])
     reference = build_detector(copy.deepcopy(trained['cfg']))
     reference.init_weights()
@@ -159,16 +157,14 @@ def test_adapter_only_checkpoint_restores_its_recorded_base(trained, tmp_path):
         restored, expected = model.backbone.state_dict(), reference.backbone.state_dict()
     for key in ('patch_embed.projection.weight', 'stages.1.blocks.0.attn.w_msa.qkv.weight'):
         torch.testing.assert_close(restored[key], expected[key])
-    checkpoint = torch.load(trained['ckpt'], weights_only=True)
-    record = read_adapter_record(checkpoint)
-    record['base']['checkpoint'] = str(tmp_path / 'moved.pth')
-    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
-    moved = str(tmp_path / 'adapter.pth')
-    torch.save(checkpoint, moved)
+    cfg = copy.deepcopy(trained['cfg'])
+    cfg.model.backbone.init_cfg = None
+    recorded = read_adapter_record(torch.load(trained['ckpt'], weights_only=True))
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)adapter-only.*moved.pth' does not exist.*init_cfg.*"
-                       '--merge-base'):
-        load_checkpoint(build_detector(cfg), moved)
+                       match=r"(?s)adapter-only.*no pre-trained base.*init_detector clears it.*"
+                       rf"trained on '{recorded['base']['checkpoint']}'.*does not open it.*"
+                       r'cfg_options=\{\}.*--merge-base'):
+        load_checkpoint(build_detector(cfg), trained['ckpt'])
 
 
 def test_global_scope_checkpoint_in_window_scope_model_stops(trained, tmp_path):
@@ -182,12 +178,13 @@ def test_global_scope_checkpoint_in_window_scope_model_stops(trained, tmp_path):
         load_checkpoint(build_detector(copy.deepcopy(trained['cfg'])), path)
 
 
-def test_test_tool_restores_the_pretrained_base(trained, tmp_path):
-    """tools/test.py (runner.test skips init_weights) on an adapter-only file."""
+def test_test_tool_takes_the_base_built_from_the_config(trained, tmp_path):
+    """tools/test.py (runner.test skips init_weights) on an adapter-only file:
+    the backbone loaded its base when the Runner built it."""
     result = run([PYTHON, 'tools/test.py', trained['config'], trained['ckpt'],
                   '--work-dir', str(tmp_path)])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert 'loading the pre-trained base' in result.stdout + result.stderr
+    assert 'coco/bbox_mAP:' in result.stdout
 
 
 def test_inference_apis_match_the_test_tool(trained, tmp_path):
@@ -206,9 +203,12 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
         torch.testing.assert_close(torch.as_tensor(scores),
                                    reference['pred_instances']['scores'])
 
-    # init_detector clears the backbone's init_cfg: the adapter-only checkpoint's
-    # record names the pre-trained file, restored and verified by its fingerprint
-    model = init_detector(trained['config'], trained['ckpt'], device='cpu')
+    # init_detector clears the backbone's init_cfg unless cfg_options is given:
+    # the model is then built without its base, and an adapter-only checkpoint
+    # stops with the fix; with cfg_options the base comes from the config
+    with pytest.raises(PretrainedMismatchError, match=r'cfg_options=\{\}'):
+        init_detector(trained['config'], trained['ckpt'], device='cpu')
+    model = init_detector(trained['config'], trained['ckpt'], device='cpu', cfg_options={})
     pred = inference_detector(model, image).pred_instances
     assert_same(pred.bboxes, pred.scores)
     result = run([PYTHON, 'tools/model_converters/publish_model.py', trained['ckpt'],
@@ -225,8 +225,13 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
     pred = inferencer(image, return_datasamples=True)['predictions'][0].pred_instances
     assert_same(pred.bboxes, pred.scores)
 
-    # merged (adapters folded into the weights): the same config loads it, the
-    # model merging itself to match; the predictions are the unmerged ones
+    inferencer = DetInferencer(model=trained['config'], weights=trained['ckpt'],
+                               device='cpu', show_progress=False)  # adapter-only
+    pred = inferencer(image, return_datasamples=True)['predictions'][0].pred_instances
+    assert_same(pred.bboxes, pred.scores)
+
+    # merged (adapters folded into the weights): a model built merged loads it
+    # (model.backbone.merged=True); the predictions are the unmerged ones
     result = run([PYTHON, 'tools/model_converters/publish_model.py', trained['ckpt'],
                   str(tmp_path / 'merged.pth'), '--merge'])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -234,7 +239,10 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
     state = torch.load(merged, weights_only=True)['state_dict']
     assert read_adapter_record(state)['merged'] is True
     assert not any('ssf_' in key or key.endswith('route_logits') for key in state)
-    model = init_detector(trained['config'], merged, device='cpu')
+    with pytest.raises(PretrainedMismatchError, match='model.backbone.merged=True'):
+        init_detector(trained['config'], merged, device='cpu')
+    model = init_detector(trained['config'], merged, device='cpu',
+                          cfg_options={'model.backbone.merged': True})
     assert model.backbone.merged
     pred = inference_detector(model, image).pred_instances
     torch.testing.assert_close(torch.as_tensor(pred.bboxes),
@@ -243,13 +251,18 @@ def test_inference_apis_match_the_test_tool(trained, tmp_path):
                                reference['pred_instances']['scores'], atol=1e-5, rtol=1e-5)
     result = run([PYTHON, 'tools/test.py', trained['config'], merged,
                   '--work-dir', str(tmp_path / 'merged_test')])
+    assert result.returncode != 0
+    assert '--cfg-options model.backbone.merged=True' in result.stderr
+    result = run([PYTHON, 'tools/test.py', trained['config'], merged,
+                  '--work-dir', str(tmp_path / 'merged_test'),
+                  '--cfg-options', 'model.backbone.merged=True'])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert 'merging the model to match it' in result.stdout + result.stderr
 
 
 def test_mmpretrain_apis_match_the_test_tool(tmp_path):
-    """get_model / ImageClassificationInferencer on an adapter-only checkpoint
-    restore the pre-trained ViT from init_cfg: same scores as tools/test.py."""
+    """get_model / ImageClassificationInferencer on an adapter-only checkpoint:
+    the pre-trained ViT comes from init_cfg when the model is built; same
+    scores as tools/test.py."""
     from mmpretrain.apis import ImageClassificationInferencer, get_model
     from mmpretrain.models.backbones import VisionTransformer
 
@@ -294,7 +307,7 @@ def test_mmpretrain_apis_match_the_test_tool(tmp_path):
 
     publish = load_tool('tools/model_converters/publish_model.py')
     merged = publish.publish(ckpt, str(tmp_path / 'merged.pth'), merge=True)
-    model = get_model(config, pretrained=merged, device='cpu')
+    model = get_model(config, pretrained=merged, device='cpu', backbone=dict(merged=True))
     assert model.backbone.merged
     scores = ImageClassificationInferencer(model=model, pretrained=False)(
         image, return_datasamples=True)[0].pred_score

@@ -213,7 +213,7 @@ def test_mmdet_config_with_two_lines_trains_and_tests_upstream(name, shapes, tmp
     run([sys.executable, osp.join(MMDET_TOOLS, 'train.py'), config, '--work-dir', work])
     val = assert_trained_the_method(work, metric)
     # the upstream test tool reproduces the last validation from the adapter-only
-    # checkpoint (its base restored from the recorded pre-trained file)
+    # checkpoint (the backbone loaded its base from init_cfg when built)
     run([sys.executable, osp.join(MMDET_TOOLS, 'test.py'), config,
          osp.join(work, 'epoch_2.pth'), '--work-dir', str(tmp_path / 'test')])
     tested = metrics_of_test(str(tmp_path / 'test'))
@@ -250,8 +250,9 @@ def test_mim_train_of_a_two_line_config(shapes, tmp_path):
 
 def test_init_detector_with_an_adapter_checkpoint_predicts_what_test_evaluates(
         shapes, tmp_path):
-    """mmdet's init_detector clears the backbone's init_cfg: the base comes
-    from the file the checkpoint's record names, verified by its fingerprint."""
+    """mmdet's init_detector clears the backbone's init_cfg unless cfg_options
+    is given: with cfg_options={} the base comes from the config when the model
+    is built, verified by the checkpoint's fingerprint."""
     from mmdet.apis import inference_detector, init_detector
     config = detection_configs(tmp_path, 'retinanet', shapes)
     work = str(tmp_path / 'work')
@@ -264,7 +265,7 @@ def test_init_detector_with_an_adapter_checkpoint_predicts_what_test_evaluates(
          '--cfg-options', 'test_dataloader.batch_size=1'])  # no batch padding
     with open(out, 'rb') as f:  # written by this test's own run
         tested = {osp.basename(p['img_path']): p['pred_instances'] for p in pickle.load(f)}
-    model = init_detector(config, checkpoint, device='cpu')
+    model = init_detector(config, checkpoint, device='cpu', cfg_options={})
     for image, expected in tested.items():
         result = inference_detector(model, osp.join(shapes['root'], 'val', image))
         predicted = result.pred_instances

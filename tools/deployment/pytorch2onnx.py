@@ -16,9 +16,9 @@ What is exported, with the batch as a dynamic axis (``batch``):
 The images are the data preprocessor's output (normalised, channels in the
 model's order): the preprocessor is not part of the graph; its mean and std
 are printed. The checkpoint loads as our tools load it (``weights_only``; an
-adapter-only checkpoint restores its pre-trained base from the file its
-record names, else from the config's ``init_cfg``; a merged one loads into
-the model merged). The adapters are merged into the weights first
+adapter-only checkpoint needs the pre-trained base the config's ``init_cfg``
+names, which the model loads when built; a merged one needs a
+config with ``model.backbone.merged=True``). The adapters are merged into the weights first
 (:func:`moppa_mm.merge_adapters`; ``--no-merge`` exports them as they are).
 
 ``--exporter``: ``dynamo`` (torch's default, ``torch.onnx.export(...,

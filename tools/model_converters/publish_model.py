@@ -10,17 +10,18 @@ state, the message hub and the scheduler states, and writes
 ``torch.load(weights_only=True)``.
 
 An adapter-only checkpoint stays adapter-only (megabytes; its adapter record
-names the pre-trained backbone it was trained on, with a fingerprint, and the
-loaders restore it from there or from the config's ``init_cfg``). ``--merge-base``
+names the pre-trained backbone it was trained on, with a fingerprint; it loads
+into a model whose config's ``init_cfg`` names that base). ``--merge-base``
 builds the model from the config stored in the checkpoint (or ``--config``),
-loads the pre-trained backbone and the checkpoint, and saves the whole model:
-a self-contained file, for a machine without the pre-trained file.
+which loads the pre-trained backbone, loads the checkpoint, and saves the whole
+model: a self-contained file, for a machine without the pre-trained file.
 
 ``--merge`` does the same and then folds the adapters into the weights
 (:func:`moppa_mm.merge_adapters`): a self-contained checkpoint for inference at
 the plain backbone's speed, which ``init_detector``, ``get_model`` and
-``tools/test.py`` load with the same config (the model merges itself to match
-it). One-way: a merged checkpoint cannot resume training.
+``tools/test.py`` load into a model built merged: the backbone option
+``merged=True`` (``--cfg-options model.backbone.merged=True``). One-way: a
+merged checkpoint cannot resume training.
 """
 import argparse
 import hashlib
@@ -41,10 +42,11 @@ DROPPED_META = ('rng_state', )
 
 def merged_state_dict(checkpoint: dict, config: str = None,
                       merge_adapters: bool = False) -> dict:
-    """The whole model's state dict: the pre-trained base filled in by the
-    MoPPA backbones' loading check (from the file the adapter record names,
-    else ``init_cfg``), saved with :func:`moppa_mm.models.full_state`; with
-    ``merge_adapters``, the adapters folded in (:func:`moppa_mm.merge_adapters`)."""
+    """The whole model's state dict: the model built from the config (its
+    backbone loads the pre-trained base ``init_cfg`` names), the checkpoint
+    loaded, saved with :func:`moppa_mm.models.full_state`; with
+    ``merge_adapters``, the adapters folded in after the load
+    (:func:`moppa_mm.merge_adapters`)."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model

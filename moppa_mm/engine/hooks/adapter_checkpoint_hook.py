@@ -1,23 +1,10 @@
 """Adapter-only checkpoints: megabytes instead of the whole frozen backbone."""
-from typing import Set
-
 import torch.nn as nn
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-
-def frozen_state_keys(model: nn.Module) -> Set[str]:
-    """State-dict keys that a fine-tuning run does not change: frozen parameters
-    and the buffers of modules whose parameters are all frozen (e.g. Swin's
-    relative position index, rebuilt by the constructor)."""
-    keys = {n for n, p in model.named_parameters() if not p.requires_grad}
-    for module_name, module in model.named_modules():
-        params = list(module.parameters(recurse=False))
-        if params and not any(p.requires_grad for p in params):
-            prefix = f'{module_name}.' if module_name else ''
-            keys.update(prefix + b for b, _ in module.named_buffers(recurse=False))
-    return keys
+from moppa_mm.utils.params import frozen_state_keys
 
 
 @HOOKS.register_module()
@@ -29,11 +16,11 @@ class AdapterCheckpointHook(Hook):
     copy an ``EMAHook`` adds, ``ema_state_dict``, whose keys it swaps with
     ``state_dict``'s on load, so the two must hold the same keys) and marks the checkpoint
     ``meta['adapter_only'] = True``. Loading needs nothing from this hook: the
-    MoPPA backbones check every state dict loaded into them and take the frozen
-    weights from their pre-trained ``init_cfg`` checkpoint when it lacks them
-    (so ``runner.test()``, which skips ``init_weights``, and the inference APIs
-    work too). ``after_load_checkpoint`` only tells the backbones which file is
-    being loaded, for their error messages.
+    MoPPA backbones load their pre-trained ``init_cfg`` checkpoint when they are
+    built and check every state dict loaded into them (so ``runner.test()``,
+    which skips ``init_weights``, and the inference APIs work too). A MoPPA
+    backbone saves adapter-only by itself; this hook is for the frozen parts
+    of other models.
 
     Args:
         enabled (bool): Strip frozen weights when saving. Defaults to True.
@@ -51,7 +38,7 @@ class AdapterCheckpointHook(Hook):
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         if not self.enabled:
             return
-        frozen = frozen_state_keys(self._unwrap(runner))
+        frozen = set(frozen_state_keys(self._unwrap(runner)))
         state = checkpoint['state_dict']
         dropped = [k for k in state if k in frozen]
         for key in dropped:
@@ -64,9 +51,3 @@ class AdapterCheckpointHook(Hook):
         checkpoint.setdefault('meta', {})['adapter_only'] = True
         runner.logger.info(f'AdapterCheckpointHook: saving {len(state)} tensors, '
                            f'{len(dropped)} frozen ones left out')
-
-    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        source = getattr(runner, '_load_from', None)
-        for module in self._unwrap(runner).modules():
-            if hasattr(module, '_checkpoint_source'):
-                module._checkpoint_source = source

@@ -5,9 +5,8 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from moppa_mm.models.backbones.adapter_mixin import (NORM_TYPES, adapter_components,
-                                                     adapter_patterns)
-from moppa_mm.utils.params import matches, parameter_table
+from moppa_mm.models.backbones.adapter_mixin import adapter_components, adapter_patterns
+from moppa_mm.utils.params import frozen_norms, matches, parameter_table
 
 DEFAULT_COMPONENTS = adapter_components('backbone.') + (
     ('backbone (pre-trained)', ('backbone.*', )),
@@ -83,11 +82,7 @@ class PEFTFreezeHook(Hook):
             runner.logger.info(f'PEFTFreezeHook: froze {len(wrong)} parameters')
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         assert trainable, 'PEFTFreezeHook: no parameter is left trainable'
-        self._frozen_norms = [
-            m for m in model.modules() if isinstance(m, NORM_TYPES)
-            and any(True for _ in m.parameters())
-            and not any(p.requires_grad for p in m.parameters())
-        ]
+        self._frozen_norms = frozen_norms(model)
         self._set_frozen_norms_eval()
         table, _ = parameter_table(model, self.components,
                                    title=f'Trainable parameters of '

@@ -5,9 +5,10 @@
   accepts (adapter-only saving, the adapter record, checks on load);
 * :class:`.route_loss.RouteLossMixin`: the route regularisation;
 * :class:`AdapterMixin` (here): the build contract that ties them together:
-  freezing, re-initialising the adapters after the base class's
-  ``init_weights``, switching the adapters off, keeping frozen batch norms in
-  eval mode, the scale-floor check, and the parameter table.
+  freezing, loading the pre-trained base the config names when the model is
+  built (or merging, with ``merged=True``), re-initialising the adapters after
+  the base class's ``init_weights``, switching the adapters off, keeping frozen
+  batch norms in eval mode, the scale-floor check, and the parameter table.
 """
 import os.path as osp
 from typing import Any, Dict, Optional, Tuple
@@ -15,25 +16,20 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from mmengine.config import ConfigDict
 from mmengine.logging import print_log
-import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
-from moppa_mm.utils.params import parameter_table, set_trainable
+from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
 from moppa_mm.operators import moppa_units
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
 from ..moppa_config import MoPPAConfig
 from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
-                            AdapterRecordMismatchError, AdapterStateMixin,
+                            AdapterRecordMismatchError, AdapterStateMixin, _is_url,
                             PretrainedMismatchError, full_state, is_adapter_key,
                             read_adapter_record)
 from .route_loss import RouteLossMixin
-
-NORM_TYPES = (_BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.InstanceNorm1d,
-              nn.InstanceNorm2d)
 
 
 def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
@@ -71,7 +67,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
 
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool) -> None:
-        """Call at the end of ``__init__``, after the adapters are added."""
+        """Call after the adapters are added (then :meth:`_build_base`)."""
         self.freeze_pretrained = freeze_pretrained
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS)
@@ -81,6 +77,29 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             self.register_forward_pre_hook(self._check_scale_floors)
         self._init_route_loss(route_loss_weight, route_schedule)
         self._init_adapter_state(strict_adapter_record)
+
+    def _build_base(self, merged: bool) -> None:
+        """The last step of ``__init__``. The pre-trained base that ``init_cfg``
+        names is loaded now (:meth:`init_weights`, as mmpretrain's ``LoRAModel``
+        does), so that every later load (``runner.test()``, ``init_detector``,
+        ``get_model``) finds it there; a file that is missing is a warning.
+        With ``merged=True`` the adapters are folded in instead
+        (:meth:`merge_adapters`): the model then takes a merged checkpoint,
+        which holds the whole backbone."""
+        if merged:
+            self.merge_adapters()
+            return
+        checkpoint, _ = self.configured_base()
+        if checkpoint is None:
+            return
+        if not _is_url(checkpoint) and not osp.isfile(checkpoint):
+            print_log(f'{type(self).__name__}: the pre-trained base '
+                      f'model.backbone.init_cfg.checkpoint = {checkpoint!r} does not '
+                      'exist: the frozen backbone stays random, and an adapter-only '
+                      'checkpoint will not load into this model', logger='current',
+                      level=30)
+            return
+        self.init_weights()
 
     @property
     def moppa_cfg(self) -> Dict[str, Any]:
@@ -114,49 +133,49 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         frozen base). Returns the module (mmpretrain's ``train`` returns None)."""
         super().train(mode)
         if mode:
-            for module in self.modules():
-                params = list(module.parameters())
-                if isinstance(module, NORM_TYPES) and params and \
-                        not any(p.requires_grad for p in params):
-                    module.eval()
+            for norm in frozen_norms(self):
+                norm.eval()
         return self
 
     def init_weights(self) -> None:
-        """The base classes re-initialise every Linear when no checkpoint is
-        given: re-initialise the adapters after them. Errors while reading the
-        pre-trained checkpoint name the file; an unconverted release (no keys
-        under ``init_cfg.prefix``) is named with its converter command. Logs
-        the parameter table."""
+        """The base classes' ``init_weights`` (the ``Pretrained`` checkpoint of
+        ``init_cfg``; without one they re-initialise every Linear), then the
+        adapters' init. Once a pre-trained base is in the model (loaded when it
+        was built, or by a checkpoint) the base is left as it is: only the
+        adapters start anew. Errors while reading the pre-trained checkpoint
+        name the file; an unconverted release (no keys under
+        ``init_cfg.prefix``) is named with its converter command. Logs the
+        parameter table with the base."""
         self._refuse_if_merged('cannot be initialised again')
-        # the base classes' own init reads self.state_dict() whole (mmdet's Swin
-        # resizes its position-bias tables against it)
-        full, self._full_state = self._full_state, True
-        try:
-            self._init_base_weights()
-        finally:
-            self._full_state = full
+        base_in_model = self._base is not None
+        if not base_in_model:
+            # the base classes' own init reads self.state_dict() whole (mmdet's
+            # Swin resizes its position-bias tables against it)
+            full, self._full_state = self._full_state, True
+            try:
+                self._init_base_weights()
+            finally:
+                self._full_state = full
         for module in self._adapters():
             module.reset_parameters()
-        print_log('\n' + self.parameter_report(), logger='current')
+        if not base_in_model:  # logged once: when the base came
+            print_log('\n' + self.parameter_report(), logger='current')
 
     def _init_base_weights(self) -> None:
-        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
-        checkpoint = init_cfg.get('checkpoint') if init_cfg.get('type') == 'Pretrained' \
-            else None
+        checkpoint, prefix = self.configured_base()
         if checkpoint is None:
             super().init_weights()
         else:
-            self._checkpoint_source = checkpoint
-            self._checkpoint_prefix = init_cfg.get('prefix')
+            self._checkpoint_source, self._checkpoint_prefix = checkpoint, prefix
             what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
             try:
                 with naming_checkpoint(checkpoint, what):
                     super().init_weights()
             except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
-                if 'is not in the pretrained model' in str(error) and init_cfg.get('prefix') \
+                if 'is not in the pretrained model' in str(error) and prefix \
                         and osp.isfile(checkpoint):
                     check_converted(checkpoint, load_checkpoint_file(checkpoint, what),
-                                    init_cfg['prefix'])
+                                    prefix)
                 raise
             finally:
                 self._checkpoint_source = self._checkpoint_prefix = None
@@ -177,9 +196,9 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
 
         One-way: the merged backbone cannot train, switch its adapters off or
         load an unmerged checkpoint. Its ``state_dict()`` is the whole model,
-        recorded as merged; loading that into a model built from the same
-        config merges the model first, so ``init_detector`` / ``get_model`` /
-        ``tools/test.py`` take a merged checkpoint as they take any other.
+        recorded as merged; it loads into a model built merged (the backbone
+        option ``merged=True``, e.g. ``--cfg-options model.backbone.merged=True``
+        for ``tools/test.py``, or ``cfg_options`` of ``init_detector``).
         """
         if self.merged:
             return self
@@ -209,6 +228,15 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             raise RuntimeError(f'{type(self).__name__} is merged for inference '
                                f'(merge_adapters): it {what}. Build the model from its '
                                'config and load the unmerged checkpoint to train it')
+
+    def extra_repr(self) -> str:
+        """The base class's, and the hooks the model holding this backbone
+        runs for it (:mod:`.parent_hooks`)."""
+        text = super().extra_repr()
+        hooks = self.__dict__.get('_parent_hooks')
+        if hooks:
+            text += ('\n' if text else '') + f'parent_hooks=({hooks})'
+        return text
 
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
         return ADAPTER_GROUPS + (('pretrained', ('*', ), self.PRETRAINED_LABEL), )

@@ -1,20 +1,25 @@
-"""What a MoPPA backbone's state dict holds, and what it accepts.
+"""What a MoPPA backbone's state dict holds, and what a load checks.
 
+* **The base comes when the model is built.** A backbone whose ``init_cfg``
+  names a ``Pretrained`` checkpoint loads it in ``__init__`` (as mmpretrain's
+  ``LoRAModel`` does; :meth:`.adapter_mixin.AdapterMixin._build_base`), and
+  records its fingerprint.
 * **Saving.** ``state_dict()`` holds the adapters and the *adapter record*
   (key ``<backbone>._extra_state``, a uint8 tensor of UTF-8 JSON, so that
   every state-dict value stays a tensor for the tools that assume so:
   :func:`read_adapter_record` decodes it): how the adapters were built and
   which pre-trained base they were trained on, with a fingerprint of its
-  weights.
-  The frozen base is left out whenever it can be restored from a file (the
-  base came from a checkpoint): every tool's checkpoints are then adapter-only,
-  megabytes instead of the backbone. :func:`full_state` gives the whole state
-  where it is wanted (publishing, merging).
-* **Loading.** Every loader ends in :meth:`AdapterStateMixin._check_incoming_state`:
-  NaN / infinite tensors, shapes, a pre-trained base that lacks keys, and an
-  adapter checkpoint whose record disagrees with the model (key, both values,
-  the fix) stop with a named error. An adapter-only checkpoint gets its base
-  from the recorded file (or ``init_cfg``), verified by the fingerprint.
+  weights. The frozen base is left out when the config names it (every tool's
+  checkpoints are then adapter-only, megabytes); :func:`full_state` gives the
+  whole state where it is wanted (publishing, merging).
+* **Loading only loads.** One load pre-hook,
+  :meth:`AdapterStateMixin._check_incoming_state`, compares what comes in with
+  the model and stops with a named error (or warns): NaN / infinite tensors,
+  shapes, a pre-trained base that lacks keys, a record whose options differ,
+  an adapter-only checkpoint for a model without its base, or on another base
+  (by fingerprint), a merged checkpoint for an unmerged model. It never opens
+  a file, fetches a URL, calls ``init_weights()`` or changes the model's
+  structure: the base path a record names is shown in messages, never opened.
 """
 import contextlib
 import hashlib
@@ -24,13 +29,12 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-from mmengine.config import ConfigDict
 from mmengine.logging import print_log
 
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.moppa_unit import FREQ_PARAMS
 from moppa_mm.utils.checkpoints import check_finite
-from moppa_mm.utils.params import matches
+from moppa_mm.utils.params import few, frozen_state_keys, matches
 
 RECORD_FORMAT = 'moppa_mm.adapter/1'
 RECORD_KEY = '_extra_state'  # torch's key for a module's extra state
@@ -65,8 +69,7 @@ class AdapterRecordMismatchError(PretrainedMismatchError):
 
 
 def _few(keys: Sequence[str], n: int = 5) -> str:
-    keys = sorted(keys)
-    return ', '.join(keys[:n]) + (f', ... ({len(keys)} in all)' if len(keys) > n else '')
+    return few(sorted(keys), n)
 
 
 def _plain(value: Any) -> Any:
@@ -120,6 +123,11 @@ def read_adapter_record(checkpoint: Dict[str, Any],
     return decode_record(state.get(prefix + RECORD_KEY))
 
 
+def is_adapter_record(record: Any) -> bool:
+    """Whether ``record`` is an adapter record this version of moppa_mm reads."""
+    return isinstance(record, dict) and record.get('format') == RECORD_FORMAT
+
+
 def fingerprint(tensors: Dict[str, torch.Tensor]) -> str:
     """A hash of named tensors (names, dtypes, shapes and bytes, in name order)."""
     digest = hashlib.blake2b(digest_size=16)
@@ -136,15 +144,13 @@ def _is_url(path: str) -> bool:
     return '://' in path
 
 
-def _restorable(source: Optional[str]) -> Optional[str]:
-    """How the record names the file a base came from: a URL as it is (mmengine
-    downloads and caches it), a local file by its absolute path; None for a
-    base that came from no file."""
+def _as_recorded(source: Optional[str]) -> Optional[str]:
+    """How the record names the file a base came from (information for
+    messages, never opened by a load): a URL as it is, a local file by its
+    absolute path."""
     if not source:
         return None
-    if _is_url(source):
-        return source
-    return osp.abspath(source) if osp.isfile(source) else None
+    return source if _is_url(source) else osp.abspath(source)
 
 
 @contextlib.contextmanager
@@ -199,11 +205,26 @@ class AdapterStateMixin:
         # the pre-trained base in the model: {'checkpoint', 'prefix',
         # 'fingerprint'}; None while the base is as built (random)
         self._base: Optional[Dict[str, Optional[str]]] = None
-        self._checkpoint_source: Optional[str] = None  # the file being loaded
+        # the base file init_weights is loading now, for its messages
+        self._checkpoint_source: Optional[str] = None
         self._checkpoint_prefix: Optional[str] = None
         self._register_state_dict_hook(self._leave_out_frozen_base)
         self._register_load_state_dict_pre_hook(self._check_incoming_state,
                                                 with_module=False)
+
+    @property
+    def pretrained_base(self) -> Optional[Dict[str, Optional[str]]]:
+        """The pre-trained base in the model (``checkpoint``, ``prefix``,
+        ``fingerprint``), None while it is as built (random)."""
+        return dict(self._base) if self._base else None
+
+    def configured_base(self) -> Tuple[Optional[str], Optional[str]]:
+        """``(checkpoint, prefix)`` of the ``Pretrained`` ``init_cfg``;
+        ``(None, None)`` when the config names no pre-trained base."""
+        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
+        if init_cfg.get('type') != 'Pretrained' or not init_cfg.get('checkpoint'):
+            return None, None
+        return init_cfg['checkpoint'], init_cfg.get('prefix')
 
     # -------------------------------------------------------------- record
     def arch_record(self) -> Dict[str, Any]:
@@ -239,9 +260,10 @@ class AdapterStateMixin:
         """The record was checked before any tensor was copied
         (:meth:`_check_incoming_state`); nothing to restore from it."""
 
-    def _record_differences(self, record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+    def record_differences(self, record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
         """``(key, checkpoint's value, model's value)`` of every recorded option
-        that differs."""
+        that differs from this model's (the base and the heads are compared
+        apart)."""
         ours = _flatten({k: v for k, v in self.adapter_record().items()
                          if k not in ('base', 'heads', 'format')})
         theirs = _flatten({k: v for k, v in record.items()
@@ -251,41 +273,18 @@ class AdapterStateMixin:
                 if key not in self.RECORD_MAY_DIFFER
                 and ours.get(key, '(none)') != theirs.get(key, '(not recorded)')]
 
-    def _record_mismatches(self, record: Dict[str, Any]) -> List[str]:
-        """:meth:`_record_differences` in words, one line each."""
-        return [_describe(*difference) for difference in self._record_differences(record)]
-
     # -------------------------------------------------------------- saving
-    def _frozen_base_keys(self) -> List[str]:
-        """The state keys a fine-tuning run does not change: frozen base
-        parameters and the buffers of modules whose parameters are all frozen
-        base ones (e.g. Swin's relative position index)."""
-        keys = [n for n, p in self.named_parameters()
-                if not p.requires_grad and not is_adapter_key(n)]
-        for module_name, module in self.named_modules():
-            params = list(module.parameters(recurse=False))
-            prefix = f'{module_name}.' if module_name else ''
-            if params and not any(p.requires_grad for p in params) \
-                    and not is_adapter_key(prefix):
-                keys += [prefix + b for b, _ in module.named_buffers(recurse=False)
-                         if b not in module._non_persistent_buffers_set]
-        return keys
-
     @property
     def saves_adapters_only(self) -> bool:
-        """Whether ``state_dict()`` leaves the frozen base out: when the base
-        can be restored from a file (the one it came from, or ``init_cfg``'s:
-        a copy made before the base was loaded, as mmengine's EMA model, saves
-        as the model does), and outside :func:`full_state`."""
-        if self._full_state or self.merged:
-            return False
-        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
-        configured = init_cfg.get('type') == 'Pretrained' and init_cfg.get('checkpoint')
-        return bool((self._base and self._base.get('checkpoint')) or configured)
+        """Whether ``state_dict()`` leaves the frozen base out: when the base in
+        the model came from the file the config names, outside
+        :func:`full_state`, unmerged."""
+        return bool(self._base and self._base.get('checkpoint')) and \
+            not self._full_state and not self.merged
 
     def _leave_out_frozen_base(self, module, state_dict, prefix, local_metadata):
         if self.saves_adapters_only:
-            for key in self._frozen_base_keys():
+            for key in frozen_state_keys(self, keep=ADAPTER_PATTERNS):
                 state_dict.pop(prefix + key, None)
 
     def _own_full_state(self) -> Dict[str, torch.Tensor]:
@@ -304,73 +303,76 @@ class AdapterStateMixin:
     def _check_incoming_state(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs) -> None:
         """Every loader ends here (torch's and mmengine's ``load_state_dict``,
-        the ``Pretrained`` init, mmdet's Swin ``init_weights``).
+        the ``Pretrained`` init, mmdet's Swin ``init_weights``). It compares,
+        and stops or warns; it opens nothing and changes no module.
 
         * a NaN or infinite tensor is an error (``NonFiniteCheckpointError``);
+        * a merged checkpoint needs a merged model, and the other way round;
         * any shape that differs from the model's is an error;
         * no adapter keys: a pre-trained base; every base parameter must be
           there (except ``PRETRAINED_MAY_LACK``); its fingerprint is recorded;
         * adapter keys: a fine-tuned checkpoint; its record must agree with
-          the model, all of the model's adapters must be there, and a base it
-          lacks is restored from the recorded file (or ``init_cfg``), verified
-          by the recorded fingerprint.
+          the model and all of the model's adapters must be there; one without
+          the frozen base needs the model's base to be the one it was trained
+          on (the recorded fingerprint).
         """
         incoming = {k[len(prefix):]: v for k, v in state_dict.items()
                     if k.startswith(prefix)}
         record = decode_record(incoming.pop(RECORD_KEY, None))
+        record = record if is_adapter_record(record) else None
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
         check_finite(incoming, f'{name}: the state dict{where or " being loaded"}')
-        if self._valid_record(record) and (record.get('merged') or self.merged):
-            self._accept_merged(incoming, record, where)
-            state_dict[prefix + RECORD_KEY] = self.get_extra_state()
-            return
         params = [k for k, _ in self.named_parameters()]
         adapters = [k for k in params if is_adapter_key(k)]
         given_adapters = [k for k in incoming if is_adapter_key(k)]
-        if given_adapters and self._valid_record(record):
+        if self.merged or (record or {}).get('merged'):
+            self._check_merged(record, where)
+        elif given_adapters and record:
             self._compare_record(record, where)  # before shapes: it names the cause
         own = self._own_full_state()
         self._check_shapes(incoming, own, where)
-        if not given_adapters:
+        if self.merged:
+            self._accept_merged(incoming, own, record, where)
+        elif not given_adapters:
             self._accept_base(incoming, params, where)
-            for key in adapters:  # init_weights resets them: no missing-key noise
+            for key in adapters:  # they keep their init: no missing-key noise
                 state_dict.setdefault(prefix + key, own[key])
         else:
             self._accept_adapters(incoming, record, adapters, given_adapters, where)
             lacking = [k for k in own if k not in incoming]
-            if lacking:
-                own = self._own_full_state()  # the base as restored
-                for key in lacking:  # keep the base as loaded: copy it onto itself
-                    state_dict[prefix + key] = own[key]
-                print_log(f'{name}: {len(incoming)} tensors{where} (adapter-only); '
-                          f'{len(lacking)} frozen ones come from the pre-trained weights',
-                          logger='current')
+            for key in lacking:  # the base in the model stays: load it onto itself
+                state_dict[prefix + key] = own[key]
         # a strict load of a file without a record (a pre-trained release)
         # must not report the record as missing
         state_dict[prefix + RECORD_KEY] = self.get_extra_state()
 
-    def _accept_merged(self, incoming, record, where: str) -> None:
-        """A merged checkpoint (:meth:`merge_adapters`): the model is merged
-        first (its values are then all replaced), and the checkpoint must
-        hold the whole backbone."""
+    def _check_merged(self, record: Optional[Dict[str, Any]], where: str) -> None:
+        """A merged checkpoint (:meth:`merge_adapters`) loads only into a model
+        built merged, and an unmerged one only into an unmerged model."""
         name = type(self).__name__
-        if not record.get('merged'):
+        if self.merged and not (record or {}).get('merged'):
             raise PretrainedMismatchError(
                 f'{name} is merged for inference; the checkpoint{where} is not: load '
-                'it into a model built from the config, then merge (merge_adapters)')
+                'it into a model built from the config without model.backbone.merged, '
+                'then merge (moppa_mm.merge_adapters)')
         if not self.merged:
-            print_log(f'{name}: the checkpoint{where} is merged (adapters folded into '
-                      'the weights): merging the model to match it', logger='current')
-            self.merge_adapters()
+            raise PretrainedMismatchError(
+                f'{name}: the checkpoint{where} is merged (its adapters are folded into '
+                'the weights: publish_model.py --merge), and this model is not. Build '
+                'the model merged: model.backbone.merged=True in the config (in a '
+                'tool: --cfg-options model.backbone.merged=True), or call '
+                'moppa_mm.merge_adapters(model) before the load.')
         self._compare_record(record, where)
-        own = self._own_full_state()
-        self._check_shapes(incoming, own, where)
+
+    def _accept_merged(self, incoming, own, record, where: str) -> None:
+        """A merged checkpoint into a merged model: it must hold the whole
+        backbone."""
         lacking = [k for k in own if k not in incoming]
         if lacking:
             raise PretrainedMismatchError(
-                f'{name}: the merged checkpoint{where} lacks {len(lacking)} of the '
-                f'model\'s tensors: {_few(lacking)}')
+                f'{type(self).__name__}: the merged checkpoint{where} lacks '
+                f'{len(lacking)} of the model\'s tensors: {_few(lacking)}')
         self._base = dict(record['base']) if isinstance(record.get('base'), dict) else None
 
     def _check_shapes(self, incoming, own, where: str) -> None:
@@ -411,18 +413,17 @@ class AdapterStateMixin:
                 f'its keys (given {len(incoming)} keys, e.g. '
                 f'{_few(list(incoming), 3) or "none"})?')
         self._base = dict(
-            checkpoint=_restorable(self._checkpoint_source),
+            checkpoint=_as_recorded(self._checkpoint_source),
             prefix=self._checkpoint_prefix,
             fingerprint=self._base_fingerprint(incoming))
 
     def _accept_adapters(self, incoming, record, adapters, given_adapters,
                          where: str) -> None:
         name = type(self).__name__
-        if not self._valid_record(record):
+        if record is None:
             print_log(f'{name}: the adapter checkpoint{where} has no adapter record '
                       '(saved before moppa_mm recorded one): its options cannot be '
                       'checked against the model\'s', logger='current', level=30)
-            record = None
         lacking_adapters = [k for k in adapters if k not in incoming]
         if len(lacking_adapters) == len(adapters):
             raise PretrainedMismatchError(
@@ -446,40 +447,63 @@ class AdapterStateMixin:
                 + (": the '.gate' tensors come from moppa_cfg.init_mode='identity'"
                    if gate else '') + '; build the model with the options they were '
                 'trained with.')
-        recorded_base = (record or {}).get('base') or {}
-        base_given = any(not is_adapter_key(k) for k in incoming)
-        if base_given:  # a self-contained checkpoint: its base is the model's now
-            self._base = dict(checkpoint=recorded_base.get('checkpoint'),
-                              prefix=recorded_base.get('prefix'),
+        recorded = (record or {}).get('base') or {}
+        if any(not is_adapter_key(k) for k in incoming):
+            # a self-contained checkpoint: its base is the model's now
+            self._base = dict(checkpoint=recorded.get('checkpoint'),
+                              prefix=recorded.get('prefix'),
                               fingerprint=self._base_fingerprint(incoming))
             return
+        self._check_base_of_adapters(recorded, where)
+
+    def _check_base_of_adapters(self, recorded: Dict[str, Optional[str]],
+                                where: str) -> None:
+        """An adapter-only checkpoint: the model's base (loaded when it was
+        built) must be the one the adapters were trained on. The recorded path
+        is named, not opened."""
+        name = type(self).__name__
+        trained_on = (f'The adapters were trained on {recorded["checkpoint"]!r} '
+                      f'(fingerprint {recorded.get("fingerprint")}; the load does not '
+                      'open it). ' if recorded.get('checkpoint') else '')
         if self._base is None:
-            self._restore_base(recorded_base, where)
-        expected = recorded_base.get('fingerprint')
-        if expected and self._base.get('fingerprint') != expected \
-                and recorded_base.get('checkpoint') == self._base.get('checkpoint'):
+            configured, _ = self.configured_base()
+            why = (f'model.backbone.init_cfg names {configured!r}, which was not loaded '
+                   '(missing when the model was built?)' if configured else
+                   'model.backbone.init_cfg names no Pretrained checkpoint (mmdet\'s '
+                   'init_detector clears it unless cfg_options is given)')
+            raise PretrainedMismatchError(
+                f'{name}: the checkpoint{where} is adapter-only (the adapters and the '
+                f'heads, not the frozen pre-trained weights), and this model has no '
+                f'pre-trained base: {why}. {trained_on}Build the model with its base: '
+                'model.backbone.init_cfg=dict(type=\'Pretrained\', checkpoint=...) '
+                '(with init_detector: init_detector(config, checkpoint, '
+                'cfg_options={})), or make a self-contained checkpoint with '
+                'tools/model_converters/publish_model.py --merge-base.')
+        expected, ours = recorded.get('fingerprint'), self._base.get('fingerprint')
+        if not expected or expected == ours:
+            return
+        if recorded.get('checkpoint') == self._base.get('checkpoint'):
             self._stop_or_warn(
                 f'{name}: the pre-trained file {self._base.get("checkpoint")!r} has changed '
                 f'since the adapters{where} were trained on it (fingerprint {expected} '
-                f'then, {self._base.get("fingerprint")} now): adapters on another base '
-                'give wrong outputs. Restore the original file, or make a '
-                'self-contained checkpoint where it still is (publish_model.py '
-                '--merge-base).')
-        elif expected and self._base.get('fingerprint') != expected:
+                f'then, {ours} now): adapters on another base give wrong outputs. '
+                'Restore the original file, or make a self-contained checkpoint where '
+                'it still is (publish_model.py --merge-base).')
+        else:
             self._stop_or_warn(
                 f'{name}: the adapters{where} were trained on the pre-trained base '
-                f'{recorded_base.get("checkpoint")!r} (fingerprint {expected}), but '
-                f'the model\'s base is {self._base.get("checkpoint")!r} (fingerprint '
-                f'{self._base.get("fingerprint")}): adapters on another base give '
-                'wrong outputs. Point model.backbone.init_cfg.checkpoint at the base '
-                'they were trained on.')
+                f'{recorded.get("checkpoint")!r} (fingerprint {expected}; named by the '
+                f'checkpoint, not opened), but the model\'s base is '
+                f'{self._base.get("checkpoint")!r} (fingerprint {ours}): adapters on '
+                'another base give wrong outputs. Point model.backbone.init_cfg.checkpoint '
+                'at the base they were trained on.')
 
-    @staticmethod
-    def _valid_record(record: Any) -> bool:
-        return isinstance(record, dict) and record.get('format') == RECORD_FORMAT
+    def record_mismatches(self, record: Dict[str, Any]) -> List[str]:
+        """:meth:`record_differences` in words, one line each."""
+        return [_describe(*difference) for difference in self.record_differences(record)]
 
     def _compare_record(self, record: Dict[str, Any], where: str) -> None:
-        differences = self._record_differences(record)
+        differences = self.record_differences(record)
         if differences:
             mismatches = [_describe(*difference) for difference in differences]
             # the unit options a command line can set back (e.g. a checkpoint
@@ -501,45 +525,6 @@ class AdapterStateMixin:
             raise AdapterRecordMismatchError(message)
         print_log(message + ' (strict_adapter_record=False: loading anyway)',
                   logger='current', level=30)
-
-    def _restore_base(self, recorded: Dict[str, Optional[str]], where: str) -> None:
-        """Load the frozen base an adapter-only checkpoint lacks: the recorded
-        file if it is there, else ``init_cfg``'s checkpoint."""
-        name = type(self).__name__
-        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
-        configured = init_cfg.get('checkpoint') if init_cfg.get('type') == 'Pretrained' \
-            else None
-        recorded_file = recorded.get('checkpoint')
-        if recorded_file and (_is_url(recorded_file) or osp.isfile(recorded_file)):
-            source, prefix = recorded_file, recorded.get('prefix')
-        elif configured and (_is_url(configured) or osp.isfile(configured)):
-            source, prefix = configured, init_cfg.get('prefix')
-        else:
-            named = (f'the recorded base {recorded_file!r} does not exist here, and '
-                     if recorded_file else 'it records no base file, and ')
-            configured_text = (f'model.backbone.init_cfg.checkpoint = {configured!r} does '
-                               'not exist either' if configured else 'model.backbone.init_cfg '
-                               'names no Pretrained checkpoint to take them from')
-            raise PretrainedMismatchError(
-                f'{name}: the checkpoint{where} is adapter-only: it does not hold '
-                f'the frozen pre-trained weights; {named}{configured_text}. Set '
-                'model.backbone.init_cfg=dict(type=\'Pretrained\', checkpoint=...) '
-                'to the base it was trained on, or make a self-contained checkpoint '
-                'with tools/model_converters/publish_model.py --merge-base.')
-        print_log(f'{name}: adapter-only checkpoint{where}; loading the pre-trained '
-                  f'base {source!r} first', logger='current')
-        saved_cfg, saved_source = self.init_cfg, self._checkpoint_source
-        self.init_cfg = ConfigDict(type='Pretrained', checkpoint=source)
-        if prefix:
-            self.init_cfg.prefix = prefix
-        self._is_init = False  # mmengine skips a module initialised before
-        try:
-            self.init_weights()
-        finally:
-            self.init_cfg, self._checkpoint_source = saved_cfg, saved_source
-        if self._base is None:  # a loader that bypassed the check
-            raise PretrainedMismatchError(
-                f'{name}: loading {source!r} did not restore the pre-trained base')
 
     # ----------------------------------------------- the model around it
     def _record_heads(self, name: str, parent: nn.Module, state_dict, prefix: str,

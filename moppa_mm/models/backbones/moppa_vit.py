@@ -116,6 +116,10 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
             ``'auto'``.
         strict_adapter_record (bool): Stop when a checkpoint's adapter record
             disagrees with this model (default); False warns instead.
+        merged (bool): Build the backbone merged for inference
+            (:meth:`merge_adapters`), to load a merged checkpoint
+            (``publish_model.py --merge``). Defaults to False: the ``Pretrained``
+            checkpoint of ``init_cfg`` is loaded when the backbone is built.
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
@@ -134,6 +138,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                  route_loss_weight: float = 1.0,
                  route_schedule: str = 'auto',
                  strict_adapter_record: bool = True,
+                 merged: bool = False,
                  **kwargs) -> None:
         self.moppa_config = moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
@@ -159,6 +164,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                            strict_adapter_record)
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
             self._freeze_stages()
+        self._build_base(merged)
 
     def arch_record(self) -> dict:
         return dict(embed_dims=self.embed_dims, num_layers=self.num_layers,

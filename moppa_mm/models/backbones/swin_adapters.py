@@ -168,6 +168,10 @@ class SwinAdapterMixin(AdapterMixin):
             ``'auto'`` (epochs when the run has more than one).
         strict_adapter_record (bool): Stop when a checkpoint's adapter record
             disagrees with this model; False warns instead.
+        merged (bool): Build the backbone merged for inference
+            (:meth:`merge_adapters`), to load a merged checkpoint
+            (``publish_model.py --merge``). False (default): the ``Pretrained``
+            checkpoint of ``init_cfg`` is loaded when the backbone is built.
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
@@ -190,6 +194,7 @@ class SwinAdapterMixin(AdapterMixin):
                  route_loss_weight: float = 1.0,
                  route_schedule: str = 'auto',
                  strict_adapter_record: bool = True,
+                 merged: bool = False,
                  **kwargs) -> None:
         if moppa_scope not in SCOPES:
             raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
@@ -217,6 +222,7 @@ class SwinAdapterMixin(AdapterMixin):
                                    self.patch_embed.projection.out_channels)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record)
+        self._build_base(merged)
 
     def arch_record(self) -> dict:
         blocks = [stage.blocks[0].attn.w_msa for stage in self.stages]
