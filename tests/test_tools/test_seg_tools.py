@@ -69,19 +69,24 @@ def test_checkpoint_is_adapter_only_with_its_record(trained):
 
 
 def test_init_model_and_inference_model_predict_what_test_wrote(trained, monkeypatch):
-    """init_model clears the backbone's init_cfg: the base comes back as the
-    checkpoint's record says; merged, the prediction stays."""
-    from mmseg.apis import inference_model, init_model
+    """mmseg's init_model clears the backbone's init_cfg, so the base is named
+    by ``model.backbone.pretrained`` (which mmseg's Swin turns into its
+    init_cfg); MMSegInferencer keeps init_cfg. Merged, the prediction stays."""
+    from mmseg.apis import MMSegInferencer, inference_model, init_model
 
     from moppa_mm import merge_adapters
     monkeypatch.chdir(trained['cwd'])  # the config's data paths are relative
-    model = init_model(DEMO, 'work/iter_6.pth', device='cpu')
+    base = 'data/ade_demo/swin_demo_pretrained.pth'
+    model = init_model(DEMO, 'work/iter_6.pth', device='cpu',
+                       cfg_options={'model.backbone.pretrained': base})
+    inferencer = MMSegInferencer(model=DEMO, weights='work/iter_6.pth', device='cpu')
     for png in sorted(glob.glob('pred/*.png')):
         image = osp.join(trained['root'], 'images', 'validation',
                          osp.basename(png)[:-4] + '.jpg')
         predicted = inference_model(model, image).pred_sem_seg.data[0].numpy()
         written = np.asarray(Image.open(png))  # reduce_zero_label: pred + 1
         np.testing.assert_array_equal(predicted + 1, written)
+        np.testing.assert_array_equal(inferencer(image)['predictions'] + 1, written)
     merge_adapters(model)
     merged = inference_model(model, image).pred_sem_seg.data[0].numpy()
     np.testing.assert_array_equal(merged + 1, written)

@@ -58,8 +58,8 @@ class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
     All arguments of mmseg's ``VisionTransformer`` are accepted (``img_size``,
     ``out_indices``, ``with_cls_token``, ``pretrained``, ...), plus
     ``moppa_cfg``, ``moppa_heads``, ``use_moppa``, ``use_scale_shift``,
-    ``freeze_pretrained``, ``route_loss_weight``, ``route_schedule`` and
-    ``strict_adapter_record``, with the meaning and defaults they have in the
+    ``freeze_pretrained``, ``route_loss_weight``, ``route_schedule``,
+    ``strict_adapter_record`` and ``merged``, with the meaning and defaults they have in the
     MMPretrain :class:`~.moppa_vit.MoPPAVisionTransformer`. The units'
     reference grid is the patch grid at ``img_size`` (32 x 32 for 512 px and
     16 px patches); other grids (sliding-window or whole-image tests) resize
@@ -82,6 +82,7 @@ class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
                  route_loss_weight: float = 1.0,
                  route_schedule: str = 'auto',
                  strict_adapter_record: bool = True,
+                 merged: bool = False,
                  **kwargs) -> None:
         moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
@@ -104,6 +105,7 @@ class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
             scale_shift_projection(self.patch_embed, self.embed_dims)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record)
+        self._build_base(merged)
 
     def arch_record(self) -> dict:
         return dict(embed_dims=self.embed_dims, num_layers=len(self.layers),

@@ -1,5 +1,5 @@
 """MMSegmentation's MoPPA Swin and ViT: built on mmseg's own classes, they
-load mmseg-format bases through mmseg's ``init_weights`` (with or without the
+load mmseg-format bases through mmseg's ``init_weights`` when built (with or without the
 ``backbone.`` prefix), freeze them, equal the plain backbone with their
 adapters off, and are registered in mmseg's MODELS only when mmseg imports."""
 import os.path as osp
@@ -44,8 +44,7 @@ def test_swin_loads_mmseg_bases_and_equals_plain_swin_with_adapters_off(tmp_path
     model = MODELS.build(dict(type='MoPPASwinTransformer', **TINY_SWIN,
                               init_cfg=dict(type='Pretrained', checkpoint=path)))
     assert type(model) is MoPPASwinTransformerSeg
-    model.init_weights()
-    model.eval()
+    model.eval()  # the base was loaded when built
     assert model._base['checkpoint'] == path
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all('moppa' in n or 'conv_adapter' in n for n in trainable)
@@ -63,8 +62,7 @@ def test_vit_out_indices_grid_and_merge(tmp_path):
     model = MODELS.build(dict(type='MoPPAVisionTransformer', **TINY_VIT,
                               init_cfg=dict(type='Pretrained', checkpoint=path)))
     assert type(model) is MoPPAVisionTransformerSeg
-    model.init_weights()
-    model.eval()
+    model.eval()  # the base was loaded when built
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all('moppa' in n or 'ssf_' in n for n in trainable)
     x = torch.randn(2, 3, 32, 48)  # a 4 x 6 patch grid, not square
@@ -88,10 +86,8 @@ def test_vit_without_cls_token():
 
 def test_swin_refuses_a_base_of_another_backbone(tmp_path):
     _, path = base_file(tmp_path, VisionTransformer, TINY_VIT, lambda s: s)
-    model = MoPPASwinTransformerSeg(**TINY_SWIN,
-                                    init_cfg=dict(type='Pretrained', checkpoint=path))
     with pytest.raises(RuntimeError, match='do not fit the model'):
-        model.init_weights()
+        MoPPASwinTransformerSeg(**TINY_SWIN, init_cfg=dict(type='Pretrained', checkpoint=path))
 
 
 @pytest.mark.parametrize('blocked, warned', [('mmseg', False), ('ftfy', True)])
