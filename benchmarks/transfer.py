@@ -53,6 +53,7 @@ in two processes uses 2 cores better than two threads in one.
 import argparse
 import copy
 import hashlib
+import json
 import logging
 import math
 import multiprocessing
@@ -85,17 +86,17 @@ from moppa_mm.operators import EXPERTS, moppa_units  # noqa: E402
 from moppa_mm.operators.dct import dct_frequencies  # noqa: E402
 
 
-
 def section_markers(task_key: str) -> Tuple[str, str]:
     """The comments around a task's section of docs/accuracy.md."""
     return f'<!-- transfer.py {task_key}: begin -->', f'<!-- transfer.py {task_key}: end -->'
 
+
 PRETRAIN_KEYS = ('img_size', 'stem', 'patch_size', 'embed_dims', 'num_layers', 'num_heads',
-                 'ffn', 'pretrain_per_class', 'source_per_class', 'pretrain_epochs', 'pretrain_lr', 'pretrain_batch',
-                 'val_per_class')
+                 'ffn', 'pretrain_per_class', 'source_per_class', 'pretrain_epochs',
+                 'pretrain_lr', 'pretrain_batch', 'val_per_class')
 # learning rates: half-decade steps (1, 3 x 10^k); each method starts from
 # three of them and the grid grows until the chosen one is interior
-LR_LADDER = tuple(m * 10.0**e for e in range(-6, 1) for m in (1, 3))[:-1]  # 1e-6 .. 1
+LR_LADDER = tuple(m * 10.0**e for e in range(-6, 2) for m in (1, 3))[:-1]  # 1e-6 .. 10
 START = {'full fine-tuning': (1e-4, 3e-4, 1e-3)}
 ADAPTER_START = (3e-3, 1e-2, 3e-2)
 MAX_EXTENSIONS = 4
@@ -569,8 +570,8 @@ def run(task: Task, s: dict, methods: Optional[List[str]], log=print,
             for steps, b in rows[name]['budgets'].items()))
     classes = len(task.target_classes)
     head_params = s['embed_dims'] * classes + classes
-    return dict(task=task, settings=s, pretrain=pre_acc, rows=list(rows.values()), lora_rank=lora_rank,
-                head_params=head_params, recipe=recipe, workers=workers,
+    return dict(task=task, settings=s, pretrain=pre_acc, rows=list(rows.values()),
+                lora_rank=lora_rank, head_params=head_params, recipe=recipe, workers=workers,
                 seconds=time.perf_counter() - started)
 
 
@@ -700,6 +701,50 @@ def write_section(path: str, section: str, task_key: str) -> None:
         f.write(text)
 
 
+def save_result(path: str, result: dict) -> None:
+    """The measured rows as JSON (this script's own output), so that a later
+    run of a few ``--methods`` can ``--merge`` its rows into them."""
+    plain = copy.deepcopy({k: v for k, v in result.items() if k != 'task'})
+    plain['task'] = result['task'].key
+    for row in plain['rows']:
+        for budget in row['budgets'].values():
+            budget['grid'] = [[lr, r] for lr, r in budget['grid'].items()]
+    plain['rows'] = [dict(row, budgets=list(row['budgets'].items())) for row in plain['rows']]
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(plain, f)
+
+
+def load_result(path: str) -> dict:
+    """What :func:`save_result` wrote, with its numeric keys back."""
+    with open(path) as f:
+        result = json.load(f)
+    result['task'] = TASKS[result['task']]()
+    result['recipe'] = tuple(result['recipe'])
+    for row in result['rows']:
+        row['budgets'] = {int(steps): budget for steps, budget in row['budgets']}
+        for budget in row['budgets'].values():
+            budget['grid'] = {float(lr): r for lr, r in budget['grid']}
+    return result
+
+
+def merge_results(earlier: dict, now: dict) -> dict:
+    """``earlier``'s rows with the ones measured ``now`` in their place (the
+    same task, settings and recipe, or an error that says which differs)."""
+    for key in ('settings', 'recipe', 'pretrain', 'lora_rank'):
+        ours, theirs = now[key], earlier[key]
+        if key == 'pretrain':
+            ours, theirs = ours.get('val'), theirs.get('val')
+        if ours != theirs:
+            raise SystemExit(f'--merge: the earlier result has another {key} '
+                             f'({theirs!r}, now {ours!r}); run every method again')
+    measured = {row['method']: row for row in now['rows']}
+    rows = [measured.pop(row['method'], row) for row in earlier['rows']] + list(
+        measured.values())
+    return dict(earlier, rows=rows, seconds=earlier['seconds'] + now['seconds'],
+                workers=now['workers'])
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--task', nargs='+', choices=list(TASKS), default=list(TASKS),
@@ -718,6 +763,9 @@ def parse_args():
     parser.add_argument('--short-only', action='store_true', help='skip the longer budget')
     parser.add_argument('--cache-dir', help='keep the pre-trained model here and reuse it '
                         'when the settings match (default: pre-train every run)')
+    parser.add_argument('--merge', action='store_true',
+                        help='keep the rows of the last run saved in --cache-dir and '
+                        'replace only the methods measured now (same settings)')
     parser.add_argument('--out', help='the file whose section to write (default: '
                         'docs/accuracy.md; with --quick, none: the section is printed)')
     return parser.parse_args()
@@ -735,6 +783,14 @@ def main():
         result = run(task, settings, args.methods, log=lambda m: print(m, flush=True),
                      cache_dir=args.cache_dir, workers=args.workers,
                      recipe=tuple(args.recipe), long=not args.short_only)
+        saved = args.cache_dir and osp.join(args.cache_dir, f'result_{task.key}.json')
+        if args.merge:
+            if not saved or not osp.exists(saved):
+                raise SystemExit(f'--merge needs the result of an earlier run of '
+                                 f'{task.key!r} in --cache-dir ({saved or "not given"})')
+            result = merge_results(load_result(saved), result)
+        if saved:
+            save_result(saved, result)
         section = markdown(result)
         if out is None:  # a check of the harness must not replace the measured section
             print(section)

@@ -10,13 +10,14 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
-Two options depart from the paper (the defaults here are the paper's; the
-MoPPA backbones ship ``'paper'`` init with ``'softplus'`` heat):
+Two options depart from the paper (the defaults here, and the MoPPA
+backbones', are the paper's: ``'paper'`` init, ``'raw'`` heat):
 
 - ``heat_param='softplus'`` keeps the heat physical: ``k = softplus(k_raw)``
   and ``t = softplus(t_raw)`` are >= 0, so ``exp(-k w^2 t)`` only damps. With
   ``'raw'`` (the paper's), ``k t < 0`` amplifies high frequencies
-  exponentially; softplus transferred 5-7 points better (docs/accuracy.md).
+  exponentially: on real images it does (about 40% of ``k t`` go negative)
+  and transfers better than softplus (docs/accuracy.md).
 - ``init_mode='identity'`` adds a zero-initialised gate ``g`` (one per channel
   in a head) that blends the paper's output with the input,
   ``Y = X + g (Y_Eq11 - X)``: the unit is exactly the identity at init, and

@@ -97,3 +97,26 @@ def test_adaptation_analysis_prints_the_table(tmp_path):
     assert '| mean ± std |' in result.stdout and 'LoRA (rank 6' in result.stdout
     assert result.stdout.count('MoPPA: MSE') == 2
     assert fig.stat().st_size > 0
+
+
+def test_merge_replaces_the_rows_measured_again_and_keeps_the_others(tmp_path):
+    out, cache = tmp_path / 'accuracy.md', tmp_path / 'cache'
+    command = [PYTHON, 'benchmarks/transfer.py', '--quick', '--task', 'digits',
+               '--cache-dir', str(cache), '--out', str(out)]
+    subprocess.run(command + ['--methods', 'linear', 'full'], cwd=REPO, env=child_env(),
+                   check=True, capture_output=True, timeout=600)
+    first = section(out.read_text(), 'digits')
+    merged = subprocess.run(command + ['--methods', 'LoRA', '--merge'], cwd=REPO,
+                            env=child_env(), capture_output=True, text=True, timeout=600)
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    text = section(out.read_text(), 'digits')
+    rows = [line.split(' | ')[0] for line in text.splitlines() if line.startswith('| ')]
+    assert rows[1:3] == ['| linear probe', '| full fine-tuning'] and rows[3].startswith(
+        '| LoRA (rank '), rows
+    (linear, ) = [line for line in first.splitlines() if line.startswith('| linear probe')]
+    assert linear in text  # kept as it was measured
+    # without an earlier result there is nothing to merge into: a clear stop
+    alone = subprocess.run(command[:-4] + ['--cache-dir', str(tmp_path / 'none'), '--merge'],
+                           cwd=REPO, env=child_env(), capture_output=True, text=True,
+                           timeout=600)
+    assert alone.returncode != 0 and '--merge needs the result of an earlier run' in alone.stderr

@@ -336,6 +336,25 @@ def test_mismatch_names_the_command_line_fix(trained_classifier):
                         trained_classifier['checkpoint'], map_location='cpu')
 
 
+def test_checkpoint_of_the_former_softplus_default_is_named_so(trained_classifier, tmp_path):
+    """The backbones defaulted to softplus heat until the real-image transfers
+    chose the paper's raw heat: such a checkpoint stops, says that its value
+    was the former default, and names the command line that loads it."""
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    record = read_adapter_record(checkpoint)
+    assert record['moppa_cfg']['heat_param'] == 'raw'  # the shipped default
+    record['moppa_cfg']['heat_param'] = 'softplus'
+    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
+    old = str(tmp_path / 'softplus_era.pth')
+    torch.save(checkpoint, old)
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    with pytest.raises(AdapterRecordMismatchError, match=r"(?s)moppa_cfg.heat_param: "
+                       r"'softplus' in the checkpoint, 'raw' in the model \(the backbones' "
+                       r"default until 2026-11-25.*--cfg-options "
+                       r'model.backbone.moppa_cfg.heat_param=softplus\)'):
+        load_checkpoint(model, old, map_location='cpu')
+
+
 def test_old_identity_checkpoint_without_a_record_is_refused(trained_classifier, tmp_path):
     """A record-less checkpoint of the earlier default (identity init) holds
     gate tensors the model lacks: torch would drop them as unexpected keys

@@ -50,9 +50,22 @@ ADAPTER_GROUPS = (
 ADAPTER_PATTERNS = tuple(p for _, patterns, _ in ADAPTER_GROUPS for p in patterns)
 
 
+# Options whose default the backbones changed: a checkpoint that records the
+# earlier default was most likely trained before the change. option -> (the
+# earlier default, when it stopped being the default)
+FORMER_DEFAULTS = {
+    'moppa_cfg.init_mode': ('identity', '2026-11-25'),
+    'moppa_cfg.heat_param': ('softplus', '2026-11-25, chosen on real images'),
+}
+
+
 def _describe(key: str, theirs: Any, ours: Any) -> str:
     """One difference between a checkpoint's adapter record and the model's."""
-    return f'{key}: {theirs!r} in the checkpoint, {ours!r} in the model'
+    text = f'{key}: {theirs!r} in the checkpoint, {ours!r} in the model'
+    former = FORMER_DEFAULTS.get(key)
+    if former and theirs == former[0]:
+        text += f' (the backbones\' default until {former[1]})'
+    return text
 
 
 def is_adapter_key(name: str) -> bool:
@@ -507,7 +520,7 @@ class AdapterStateMixin:
         if differences:
             mismatches = [_describe(*difference) for difference in differences]
             # the unit options a command line can set back (e.g. a checkpoint
-            # of the earlier default init_mode='identity')
+            # of an earlier default, FORMER_DEFAULTS)
             options = [f'model.backbone.{key}={theirs}' for key, theirs, _ in differences
                        if key.startswith('moppa_cfg.')
                        and isinstance(theirs, (str, int, float, bool))]
