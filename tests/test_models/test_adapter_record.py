@@ -336,6 +336,28 @@ def test_mismatch_names_the_command_line_fix(trained_classifier):
                         trained_classifier['checkpoint'], map_location='cpu')
 
 
+def test_a_parent_init_cfg_does_not_leave_the_base_randomised(trained_classifier):
+    """mmpretrain's DeiT / Swin classifiers carry ``init_cfg=[TruncNormal on
+    every Linear, Constant on LayerNorm]``: the Runner's ``init_weights()``
+    applies it to the backbone too, after the backbone loaded its base at
+    build. The backbone's own ``init_weights()`` (which mmengine then calls)
+    loads the base again: training and a later test see the same base."""
+    base = torch.load(trained_classifier['pretrained'], weights_only=True)['state_dict']
+    cfg = classifier_cfg(trained_classifier['pretrained'])
+    cfg['init_cfg'] = [dict(type='TruncNormal', layer='Linear', std=.02, bias=0.),
+                       dict(type='Constant', layer='LayerNorm', val=1., bias=0.)]
+    model = build(cfg)
+    qkv = 'backbone.layers.0.attn.qkv.weight'
+    torch.testing.assert_close(model.state_dict()[qkv] if qkv in model.state_dict()
+                               else dict(model.named_parameters())[qkv], base[qkv])
+    with logged_messages() as messages:
+        model.init_weights()  # what the Runner does before training
+    for key, value in base.items():
+        torch.testing.assert_close(dict(model.named_parameters()).get(
+            key, dict(model.named_buffers()).get(key)), value, msg=key)
+    assert any('re-initialised after it was loaded' in m for m in messages)
+
+
 def test_checkpoint_of_the_former_softplus_default_is_named_so(trained_classifier, tmp_path):
     """The backbones defaulted to softplus heat until the real-image transfers
     chose the paper's raw heat: such a checkpoint stops, says that its value
@@ -349,8 +371,8 @@ def test_checkpoint_of_the_former_softplus_default_is_named_so(trained_classifie
     torch.save(checkpoint, old)
     model = build(classifier_cfg(trained_classifier['pretrained']))
     with pytest.raises(AdapterRecordMismatchError, match=r"(?s)moppa_cfg.heat_param: "
-                       r"'softplus' in the checkpoint, 'raw' in the model \(the backbones' "
-                       r"default until 2026-11-25.*--cfg-options "
+                       r"'softplus' in the checkpoint \(the backbones' default until "
+                       r"2026-11-25[^)]*\), 'raw' in the model.*--cfg-options "
                        r'model.backbone.moppa_cfg.heat_param=softplus\)'):
         load_checkpoint(model, old, map_location='cpu')
 

@@ -100,6 +100,11 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                       level=30)
             return
         self.init_weights()
+        # mmengine's init_weights() of the model around it skips a child already
+        # initialised, after applying its own init_cfg to every submodule (e.g.
+        # mmpretrain's TruncNormal on every Linear): let it call ours, which
+        # checks that the base is still the one loaded here
+        self._is_init = False
 
     @property
     def moppa_cfg(self) -> Dict[str, Any]:
@@ -147,7 +152,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         ``init_cfg.prefix``) is named with its converter command. Logs the
         parameter table with the base."""
         self._refuse_if_merged('cannot be initialised again')
-        base_in_model = self._base is not None
+        base_in_model = self._base is not None and not self._base_overwritten()
         if not base_in_model:
             # the base classes' own init reads self.state_dict() whole (mmdet's
             # Swin resizes its position-bias tables against it)
@@ -160,6 +165,24 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             module.reset_parameters()
         if not base_in_model:  # logged once: when the base came
             print_log('\n' + self.parameter_report(), logger='current')
+        self._is_init = True
+
+    def _base_overwritten(self) -> bool:
+        """Whether the base loaded from the config's file has changed since:
+        mmengine applies the init_cfg of the model around the backbone (e.g.
+        a classifier's ``TruncNormal`` on every ``Linear``) to every submodule
+        before it calls the backbone's ``init_weights()``. Logs it; the base is
+        then loaded again from the same file."""
+        recorded = self._base.get('fingerprint') if self._base else None
+        if not recorded or not self._base.get('checkpoint') or \
+                self._base_fingerprint(self._own_full_state()) == recorded:
+            return False
+        print_log(f'{type(self).__name__}: the pre-trained base was re-initialised '
+                  'after it was loaded (by the init_cfg of the model around the '
+                  f'backbone); loading {self._base["checkpoint"]!r} again',
+                  logger='current')
+        self._base = None
+        return True
 
     def _init_base_weights(self) -> None:
         checkpoint, prefix = self.configured_base()
@@ -168,6 +191,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         else:
             self._checkpoint_source, self._checkpoint_prefix = checkpoint, prefix
             what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
+            self._is_init = False  # mmengine's Pretrained init runs once otherwise
             try:
                 with naming_checkpoint(checkpoint, what):
                     super().init_weights()

@@ -61,11 +61,10 @@ FORMER_DEFAULTS = {
 
 def _describe(key: str, theirs: Any, ours: Any) -> str:
     """One difference between a checkpoint's adapter record and the model's."""
-    text = f'{key}: {theirs!r} in the checkpoint, {ours!r} in the model'
     former = FORMER_DEFAULTS.get(key)
-    if former and theirs == former[0]:
-        text += f' (the backbones\' default until {former[1]})'
-    return text
+    was = (f' (the backbones\' default until {former[1]})'
+           if former and theirs == former[0] else '')
+    return f'{key}: {theirs!r} in the checkpoint{was}, {ours!r} in the model'
 
 
 def is_adapter_key(name: str) -> bool:
@@ -490,7 +489,9 @@ class AdapterStateMixin:
                 f'pre-trained base: {why}. {trained_on}Build the model with its base: '
                 'model.backbone.init_cfg=dict(type=\'Pretrained\', checkpoint=...) '
                 '(with init_detector: init_detector(config, checkpoint, '
-                'cfg_options={})), or make a self-contained checkpoint with '
+                'cfg_options={}); with MMSegmentation\'s init_model, which always '
+                'clears init_cfg: cfg_options={\'model.backbone.pretrained\': BASE}), '
+                'or make a self-contained checkpoint with '
                 'tools/model_converters/publish_model.py --merge-base.')
         expected, ours = recorded.get('fingerprint'), self._base.get('fingerprint')
         if not expected or expected == ours:
