@@ -59,7 +59,7 @@ def check_table(text: str) -> None:
     identity = [r for r in rows if 'identity init' in r]
     assert all('| 0.0% |' in r for r in identity), identity
     # the units' parameters are tracked: the full recipe moves all of them
-    (paper, ) = [r for r in rows if '(paper init, raw heat)' in r]
+    (paper, ) = [r for r in rows if r.startswith('| MoPPA + scale & shift (paper init, raw')]
     assert all(f'{key} ' in paper.split(' | ')[-1] for key in ('k', 't_heat', 'c', 't_wave'))
     # the heat expert's sharpening is reported where there is heat
     (raw, ) = [r for r in rows if r.startswith('| MoPPA + scale & shift (paper init, raw')]

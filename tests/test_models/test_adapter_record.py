@@ -169,20 +169,21 @@ def test_a_missing_base_file_at_build_warns_and_the_load_stops(trained_classifie
         load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
 
 
-def test_init_weights_after_the_build_keeps_the_base(trained_classifier):
+def test_init_weights_after_the_build_keeps_the_base(trained_classifier, tmp_path):
     """The Runner calls init_weights() after the build: the base loaded then
-    stays (mmpretrain's ViT skips it; an explicit call leaves the base too)."""
-    model = build(classifier_cfg(trained_classifier['pretrained']))
+    stays, and is not read again while it is unchanged (the file may be gone)."""
+    copied = tmp_path / 'base_copy.pth'
+    copied.write_bytes(open(trained_classifier['pretrained'], 'rb').read())
+    model = build(classifier_cfg(str(copied)))
     base = model.backbone.layers[0].attn.qkv.weight.detach().clone()
-    with torch.no_grad():
-        model.backbone.layers[0].attn.qkv.weight.add_(1)  # not what a re-load gives
+    os.remove(copied)
     model.init_weights()
     model.backbone.init_weights()
-    torch.testing.assert_close(model.backbone.layers[0].attn.qkv.weight, base + 1)
+    torch.testing.assert_close(model.backbone.layers[0].attn.qkv.weight, base)
 
 
 @pytest.mark.parametrize('option, value, key', [
-    ('heat_param', 'raw', 'moppa_cfg.heat_param'),
+    ('heat_param', 'softplus', 'moppa_cfg.heat_param'),
     ('init_mode', 'identity', 'moppa_cfg.init_mode'),
     ('eta', 1e-2, 'moppa_cfg.eta'),
     ('experts', ('heat', 'wave'), 'moppa_cfg.experts'),
@@ -296,7 +297,7 @@ def detector(shapes_data, tmp_path_factory):
 
 
 @pytest.mark.parametrize('change, key', [
-    (dict(moppa_cfg=dict(heat_param='raw')), 'moppa_cfg.heat_param'),
+    (dict(moppa_cfg=dict(heat_param='softplus')), 'moppa_cfg.heat_param'),
     (dict(moppa_cfg=dict(init_mode='identity')), 'moppa_cfg.init_mode'),
     (dict(moppa_cfg=dict(eta=0.5)), 'moppa_cfg.eta'),
     (dict(use_moppa=False), 'adapters.use_moppa'),

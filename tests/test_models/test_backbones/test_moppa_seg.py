@@ -24,6 +24,14 @@ TINY_VIT = dict(img_size=(32, 48), patch_size=8, embed_dims=16, num_layers=3,
                 num_heads=2, out_indices=(0, 2), final_norm=True)
 
 
+@pytest.fixture(autouse=True)
+def mmseg_scope():
+    """Builds resolve type names in mmseg's registry whatever scope an earlier
+    test left as the default (mmengine's registries follow the default scope)."""
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmseg')
+
+
 def base_file(tmp_path, cls, kwargs, wrap):
     torch.manual_seed(0)
     base = cls(**kwargs)
