@@ -38,8 +38,8 @@ class Task:
 
     key = ''
     title = ''
-    kind = ''  # 'real' or 'generated'
     flip = True  # pre-training flips images half the time
+    data_module = real_data  # the module that draws the data (part of the cache key)
     source_classes: Tuple[str, ...] = ()
     target_classes: Tuple[str, ...] = ()
     settings: Dict[str, dict] = {}
@@ -63,8 +63,6 @@ class Task:
         return (inspect.getsource(type(self)).encode()
                 + inspect.getsource(self.data_module).encode())
 
-    data_module = real_data
-
     def source_text(self, s: dict) -> str:
         raise NotImplementedError
 
@@ -75,7 +73,6 @@ class Task:
 class Scenes(Task):
     key = 'scenes'
     title = 'Transfer on generated scenes'
-    kind = 'generated'
     source_classes = shapes_data.SOURCE_CLASSES
     target_classes = shapes_data.TRANSFER_CLASSES
     data_module = shapes_data
@@ -184,7 +181,6 @@ class _DigitTarget(Task):
 class Digits(_DigitTarget):
     key = 'digits'
     title = 'Transfer on real handwritten digits (0-4 -> 5-9)'
-    kind = 'real'
     flip = False  # a flipped digit is another glyph
     source_classes = tuple(str(d) for d in range(5))
     target_classes = tuple(str(d) for d in range(5, 10))
@@ -223,7 +219,6 @@ class Digits(_DigitTarget):
 class PhotosDigits(_DigitTarget):
     key = 'photos-digits'
     title = 'Transfer from real photographs to real handwritten digits'
-    kind = 'real'
     source_classes = real_data.PHOTOS
     target_classes = tuple(str(d) for d in range(10))
     target_digits = tuple(range(10))
