@@ -13,6 +13,14 @@ the backbone: a model that is assigned a MoPPA backbone (``detector.backbone =
 state-dict hooks that record and check its heads' shapes. ``print(model)``
 shows them on the backbone (``parent_hooks=...``); assigning another module in
 the backbone's place removes them. Other modules are left as they are.
+
+A MoPPA backbone with a frozen base also registers, when it is built, a one-shot
+global optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``;
+:mod:`moppa_mm.models.backbones.optimizer_check`): at the first step of an
+optimizer that holds its adapters it warns if they train at another learning
+rate than the optimizer's (a ``paramwise_cfg`` key such as ``'backbone'`` with
+``lr_mult=0.1``), then removes itself. ``print(model)`` shows it on the
+backbone while it waits (``optimizer_check=...``).
 """
 
 

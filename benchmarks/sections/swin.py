@@ -35,9 +35,10 @@ def variants(quick: bool) -> List[Variant]:
         Variant('frozen_backward', 'frozen Swin, backward through it',
                 lambda: SwinTransformer(**cfg), True),
         Variant('moppa_window', 'MoPPA + conv adapters (window)',
-                lambda: MoPPASwinTransformer(**cfg, moppa_cfg=SHIPPED_UNIT_OPTIONS), True),
+                lambda: MoPPASwinTransformer(**cfg, moppa_cfg=SHIPPED_UNIT_OPTIONS,
+                                             random_base=True), True),
         Variant('moppa_global', 'MoPPA + conv adapters (global)',
-                lambda: MoPPASwinTransformer(**cfg, moppa_scope='global',
+                lambda: MoPPASwinTransformer(**cfg, moppa_scope='global', random_base=True,
                                              moppa_cfg=SHIPPED_UNIT_OPTIONS), True),
     ]
 

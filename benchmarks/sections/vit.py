@@ -36,15 +36,16 @@ def variants(quick: bool) -> List[Variant]:
         model.requires_grad_(False)
         return model
 
-    def ssf_only():
-        model = MoPPAVisionTransformer(arch=arch, **size)
+    def ssf_only():  # timed training steps on a random base: random_base=True
+        model = MoPPAVisionTransformer(arch=arch, **size, random_base=True)
         for layer in model.layers:
             layer.moppa.enabled = False
             layer.moppa.requires_grad_(False)
         return model
 
     def moppa():  # the unit options every shipped config uses
-        return MoPPAVisionTransformer(arch=arch, **size, moppa_cfg=SHIPPED_UNIT_OPTIONS)
+        return MoPPAVisionTransformer(arch=arch, **size, moppa_cfg=SHIPPED_UNIT_OPTIONS,
+                                      random_base=True)
 
     def lora():
         rank = 1 if quick else 6  # 12 x 6 x (768 + 2304) = 221K, MoPPA: 218K

@@ -1,11 +1,18 @@
 """An optimizer over the parameters that train, built without a log line per
-frozen parameter."""
+frozen parameter, and a warning where a ``paramwise_cfg`` key changes the
+adapters' learning rate."""
 import logging
+from typing import Dict, List, Optional
 
 import torch.nn as nn
 from mmengine.logging import MMLogger, print_log
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from torch.optim import Optimizer
+
+from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
+from moppa_mm.models.backbones.optimizer_check import (adapter_groups,
+                                                       adapter_lr_warning, check_done)
 
 # what mmengine's DefaultOptimWrapperConstructor.add_params logs per frozen one
 FROZEN_MESSAGE = 'is skipped since its requires_grad=False'
@@ -27,6 +34,13 @@ class TrainableParamsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     the same groups (same lr / weight decay rules), drops the frozen parameters
     from them, and logs one summary line instead. Set it in a config with
     ``optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')``.
+
+    Where a ``custom_keys`` entry gives a MoPPA backbone's adapters another lr
+    than the optimizer's (``'backbone': dict(lr_mult=0.1)``, written for a
+    backbone that trains whole), it logs one warning naming the key, the
+    adapters' lr and the longer key that restores it (mmengine applies the
+    longest key that matches), and the backbone's own first-step check
+    (:mod:`moppa_mm.models.backbones.optimizer_check`) is then done.
     """
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
@@ -47,4 +61,52 @@ class TrainableParamsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         print_log(f'optimizer {type(optimizer).__name__}: {trainable} trainable '
                   f'parameter tensors in {len(optimizer.param_groups)} groups; '
                   f'{frozen} frozen ones left out', logger='current')
+        self._check_adapter_lrs(module, optimizer)
         return optim_wrapper
+
+    def _key_of(self, name: str, extra: Optional[str] = None) -> Optional[str]:
+        """The ``custom_keys`` entry mmengine applies to parameter ``name``
+        (``add_params``: the longest key that is a substring, ties in
+        alphabetical order), with ``extra`` added to the keys."""
+        keys = list(self.paramwise_cfg.get('custom_keys', {})) + ([extra] if extra else [])
+        return next((k for k in sorted(sorted(keys), key=len, reverse=True)
+                     if k in name), None)
+
+    def _check_adapter_lrs(self, model: nn.Module, optimizer: Optimizer) -> None:
+        for prefix, backbone in model.named_modules():
+            if not isinstance(backbone, AdapterMixin):
+                continue
+            held = adapter_groups(backbone, optimizer)
+            if not held:
+                continue
+            check_done(backbone)  # checked here, with the keys
+            names = [f'{prefix}.{name}' if prefix else name for name, _ in held]
+            keys = sorted({self._key_of(n) for n in names} - {None})
+            message = adapter_lr_warning(backbone, optimizer, held,
+                                         *self._cause_and_fix(prefix, names, keys))
+            if message:
+                print_log(message, logger='current', level=logging.WARNING)
+
+    def _cause_and_fix(self, prefix: str, names: List[str], keys: List[str]) -> tuple:
+        """What sets the adapters' lr (the keys that cover them) and the line
+        that restores it, verified against mmengine's choice of key."""
+        custom_keys: Dict[str, dict] = self.paramwise_cfg.get('custom_keys', {})
+        if not keys:  # another rule (bias_lr_mult, ...): the general words
+            return None, None
+        cause = 'paramwise_cfg ' + ', '.join(
+            f'custom_keys[{k!r}] = {dict(custom_keys[k])!r}' for k in keys
+        ) + ' covers them (the frozen base is left out of the optimizer)'
+        restore = f'{prefix}.' if prefix else None
+        plain = ('lr_mult', 'decay_mult')
+        if restore and restore not in custom_keys and all(
+                self._key_of(n, restore) == restore or
+                all(custom_keys[self._key_of(n, restore)].get(m, 1.0) == 1.0 for m in plain)
+                for n in names):
+            fix = ('to train them at the optimizer\'s lr, add a longer key (mmengine '
+                   'applies the longest key that matches): paramwise_cfg=dict('
+                   f"custom_keys={{{restore!r}: dict(lr_mult=1.0, decay_mult=1.0)}})")
+        else:
+            fix = (f'give the adapters a key longer than {max(keys, key=len)!r} with '
+                   'lr_mult=1.0, decay_mult=1.0 (mmengine applies the longest key '
+                   'that matches), or drop the key')
+        return cause, fix

@@ -8,7 +8,8 @@
   freezing, loading the pre-trained base the config names when the model is
   built (or merging, with ``merged=True``), re-initialising the adapters after
   the base class's ``init_weights``, switching the adapters off, keeping frozen
-  batch norms in eval mode, the scale-floor check, and the parameter table.
+  batch norms in eval mode, the checks before a training forward (a frozen
+  base that is still random; the scale floors), and the parameter table.
 """
 import os.path as osp
 from typing import Any, Dict, Optional, Tuple
@@ -25,6 +26,7 @@ from moppa_mm.operators import moppa_units
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
 from ..moppa_config import MoPPAConfig
 from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
+from .optimizer_check import watch_first_step, waiting_check
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
                             AdapterRecordMismatchError, AdapterStateMixin, _is_url,
                             PretrainedMismatchError, full_state, is_adapter_key,
@@ -45,6 +47,11 @@ def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], .
                  for kind, patterns, _ in ADAPTER_GROUPS)
 
 
+class NoPretrainedBaseError(RuntimeError):
+    """A backbone with a frozen base was about to train while its base is
+    still the random one it was built with."""
+
+
 class AdapterMixin(AdapterStateMixin, RouteLossMixin):
     """Mixed into a backbone subclass (before the base class).
 
@@ -52,6 +59,14 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
     adds its adapters after it, then :meth:`_finish_build`. It sets
     ``ADAPTER_TYPES`` (modules with ``enabled`` and ``reset_parameters``) and
     ``PRETRAINED_LABEL``, the name of the frozen rest in the parameter table.
+
+    Args of the backbones:
+        random_base (bool): The frozen base is random on purpose (benchmarks
+            that time training steps, tests of the adapters' mechanics). With
+            ``freeze_pretrained=True`` and no pre-trained base in the model
+            (none loaded from ``init_cfg`` when built, nor by a checkpoint
+            since), the first training forward stops otherwise
+            (:class:`NoPretrainedBaseError`). Defaults to False.
     """
 
     ADAPTER_TYPES: Tuple[type, ...] = ()
@@ -66,15 +81,17 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         return MoPPAConfig.build(moppa_cfg)
 
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
-                      route_schedule: str, strict_adapter_record: bool) -> None:
+                      route_schedule: str, strict_adapter_record: bool,
+                      random_base: bool = False) -> None:
         """Call after the adapters are added (then :meth:`_build_base`)."""
         self.freeze_pretrained = freeze_pretrained
+        self.random_base = random_base
         if freeze_pretrained:
-            set_trainable(self, trainable=ADAPTER_PATTERNS)
+            set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.fresh_params))
+            watch_first_step(self)  # the adapters' lr (.optimizer_check)
         # the scale & shift layers, found once (a plain list: deepcopy remaps it)
         self._scale_shifts = [m for m in self.modules() if isinstance(m, ScaleShift)]
-        if self._scale_shifts:
-            self.register_forward_pre_hook(self._check_scale_floors)
+        self.register_forward_pre_hook(self._check_before_training)
         self._init_route_loss(route_loss_weight, route_schedule)
         self._init_adapter_state(strict_adapter_record)
 
@@ -95,9 +112,10 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         if not _is_url(checkpoint) and not osp.isfile(checkpoint):
             print_log(f'{type(self).__name__}: the pre-trained base '
                       f'model.backbone.init_cfg.checkpoint = {checkpoint!r} does not '
-                      'exist: the frozen backbone stays random, and an adapter-only '
-                      'checkpoint will not load into this model', logger='current',
-                      level=30)
+                      'exist: the frozen backbone stays random, an adapter-only '
+                      'checkpoint will not load into this model, and training stops '
+                      'unless a checkpoint with the base is loaded first',
+                      logger='current', level=30)
             return
         self.init_weights()
         # mmengine's init_weights() of the model around it skips a child already
@@ -111,12 +129,46 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         """The units' options as a dict (``moppa_config`` holds them)."""
         return self.moppa_config.to_dict()
 
-    def _check_scale_floors(self, module, args) -> None:
-        """Before a forward that will need gradients: the fused scale & shift
-        layers' scale-floor checks, all at once (one device read-back per
-        optimizer step instead of one per layer)."""
-        if torch.is_grad_enabled() and not is_capturing():
+    def _check_before_training(self, module, args) -> None:
+        """Before a forward that will need gradients: a frozen base must be a
+        pre-trained one (:meth:`check_base_for_training`, in training mode),
+        and the fused scale & shift layers' scale floors hold, all checked at
+        once (one device read-back per optimizer step instead of one per
+        layer)."""
+        if not torch.is_grad_enabled() or is_capturing():
+            return
+        if self.training:
+            self.check_base_for_training()
+        if self._scale_shifts:
             check_scale_floors(self._scale_shifts)
+
+    def check_base_for_training(self) -> None:
+        """Raise :class:`NoPretrainedBaseError` when the adapters would train
+        on a frozen base that is still random: ``freeze_pretrained=True``, no
+        pre-trained base in the model (none loaded from ``init_cfg`` when the
+        backbone was built, nor by a checkpoint since: a whole-model one,
+        ``load_from``, a resume) and not ``random_base=True``."""
+        if self._base is not None or not self.freeze_pretrained or self.random_base \
+                or self.merged:
+            return
+        configured, prefix = self.configured_base()
+        if configured:
+            why = (f'model.backbone.init_cfg names {configured!r}, which was not there '
+                   'when the model was built (nor was a checkpoint with the base '
+                   'loaded since)')
+        else:
+            why = (f'model.backbone.init_cfg is {self.init_cfg!r}: no Pretrained '
+                   'checkpoint (a config that trains its backbone from scratch?)')
+        prefix = f', prefix={prefix!r}' if prefix else ''
+        raise NoPretrainedBaseError(
+            f'{type(self).__name__}: training with freeze_pretrained=True, but the '
+            f'frozen base is random: {why}. The adapters would train on a random '
+            'backbone. Either give it a pre-trained base: model.backbone.init_cfg='
+            f"dict(type='Pretrained', checkpoint='/path/to/base.pth'{prefix}) (or load "
+            'a checkpoint that holds the base before training: load_from, resume, '
+            'load_state_dict), or train every parameter from scratch: '
+            'model.backbone.freeze_pretrained=False. (A random frozen base on '
+            'purpose, as in benchmarks: model.backbone.random_base=True.)')
 
     def _adapters(self):
         return [m for m in self.modules() if isinstance(m, self.ADAPTER_TYPES)]
@@ -254,16 +306,25 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                                'config and load the unmerged checkpoint to train it')
 
     def extra_repr(self) -> str:
-        """The base class's, and the hooks the model holding this backbone
-        runs for it (:mod:`.parent_hooks`)."""
+        """The base class's, the hooks the model holding this backbone runs
+        for it (:mod:`.parent_hooks`) and the optimizer step check that waits
+        for its first step (:mod:`.optimizer_check`)."""
         text = super().extra_repr()
-        hooks = self.__dict__.get('_parent_hooks')
-        if hooks:
-            text += ('\n' if text else '') + f'parent_hooks=({hooks})'
+        for name, value in (('parent_hooks', self.__dict__.get('_parent_hooks')),
+                            ('optimizer_check', waiting_check(self))):
+            if value:
+                text += ('\n' if text else '') + f'{name}=({value})'
         return text
 
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
-        return ADAPTER_GROUPS + (('pretrained', ('*', ), self.PRETRAINED_LABEL), )
+        fresh = ((('fresh', tuple(self.fresh_params), 'new, no base has them'), )
+                 if self.fresh_params else ())
+        if self._base is not None:
+            base = self.PRETRAINED_LABEL
+        else:  # as built: not pre-trained, whatever the class calls its base
+            base = self.PRETRAINED_LABEL.replace('pre-trained ', '') + ', random'
+            base += ' (on purpose)' if self.random_base else ' (no base loaded)'
+        return ADAPTER_GROUPS + fresh + (('pretrained', ('*', ), base), )
 
     def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
         """``{kind: {'total': n, 'trainable': n}}`` for each adapter kind of
@@ -278,5 +339,6 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
 
 
 __all__ = ['AdapterMixin', 'AdapterRecordMismatchError', 'PretrainedMismatchError',
+           'NoPretrainedBaseError',
            'full_state', 'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
            'adapter_components', 'ADAPTER_GROUPS', 'ADAPTER_PATTERNS']

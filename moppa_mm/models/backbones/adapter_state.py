@@ -194,7 +194,12 @@ class AdapterStateMixin:
     frequency maps of another grid are resized, not refused),
     ``RECORD_MAY_DIFFER`` (record keys that may differ, e.g. the image size)
     and ``FINGERPRINT_SKIPS`` (base keys resized on load, left out of the
-    fingerprint).
+    fingerprint). ``fresh_params`` (patterns, set before the backbone freezes)
+    are parameters of the base class that no pre-trained base holds (created
+    for the fine-tuning output path, e.g. mmpretrain ViT's ``ln2`` under
+    ``out_type='avg_featmap'``): they train with the adapters from their init
+    (or from the base, where it has them), a base may lack them, and they are
+    neither part of its fingerprint nor make a checkpoint self-contained.
 
     Args of the backbones:
         strict_adapter_record (bool): Stop when an adapter checkpoint's record
@@ -207,6 +212,7 @@ class AdapterStateMixin:
     RESIZES_FREQUENCY_MAPS: bool = False
     RECORD_MAY_DIFFER: Sequence[str] = ()
     FINGERPRINT_SKIPS: Sequence[str] = ()
+    fresh_params: Sequence[str] = ()
 
     def _init_adapter_state(self, strict_adapter_record: bool) -> None:
         """Call at the end of ``__init__``: after the base classes' own load
@@ -308,8 +314,9 @@ class AdapterStateMixin:
 
     # ------------------------------------------------------------- loading
     def _base_fingerprint(self, incoming: Dict[str, torch.Tensor]) -> str:
+        skips = tuple(self.FINGERPRINT_SKIPS) + tuple(self.fresh_params)
         base = {k: v for k, v in incoming.items() if isinstance(v, torch.Tensor)
-                and not is_adapter_key(k) and not matches(k, self.FINGERPRINT_SKIPS)}
+                and not is_adapter_key(k) and not matches(k, skips)}
         return fingerprint(base)
 
     def _check_incoming_state(self, state_dict, prefix, local_metadata, strict,
@@ -414,7 +421,8 @@ class AdapterStateMixin:
     def _accept_base(self, incoming, params, where: str) -> None:
         """A pre-trained base (no adapter keys)."""
         base = [k for k in params if not is_adapter_key(k)]
-        required = [k for k in base if not matches(k, self.PRETRAINED_MAY_LACK)]
+        required = [k for k in base if not matches(
+            k, tuple(self.PRETRAINED_MAY_LACK) + tuple(self.fresh_params))]
         lacking = [k for k in required if k not in incoming]
         if lacking:
             raise PretrainedMismatchError(
@@ -460,7 +468,8 @@ class AdapterStateMixin:
                    if gate else '') + '; build the model with the options they were '
                 'trained with.')
         recorded = (record or {}).get('base') or {}
-        if any(not is_adapter_key(k) for k in incoming):
+        if any(not is_adapter_key(k) and not matches(k, self.fresh_params)
+               for k in incoming):
             # a self-contained checkpoint: its base is the model's now
             self._base = dict(checkpoint=recorded.get('checkpoint'),
                               prefix=recorded.get('prefix'),

@@ -46,8 +46,9 @@ class MoPPASwinTransformer(SwinAdapterMixin, SwinTransformer):
     :class:`SwinAdapterMixin` (``moppa_scope``, ``moppa_cfg``,
     ``adapter_ratio``, ``use_moppa``, ``use_conv_adapter``,
     ``use_scale_shift``, ``freeze_pretrained``, ``route_loss_weight``,
-    ``route_schedule``, ``strict_adapter_record``, ``merged``). Defaults: window scope, MoPPA
-    units and conv adapters, no scale & shift. The default ``adapter_ratio``
+    ``route_schedule``, ``strict_adapter_record``, ``merged``,
+    ``random_base``). Defaults: window scope, MoPPA units and conv adapters, no
+    scale & shift. The default ``adapter_ratio``
     7.25 puts Swin-B's trainable backbone parameters (window 7) at 3.21M, +0.8%
     of the paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M). The global
     scope's reference grid is the stage's grid at ``pretrain_img_size``.

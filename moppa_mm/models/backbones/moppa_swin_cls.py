@@ -56,7 +56,8 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
     (True), ``use_conv_adapter`` (False), ``use_scale_shift`` (True),
     ``freeze_pretrained`` (True), ``route_loss_weight`` (1.0),
     ``route_schedule`` ('auto'), ``strict_adapter_record`` (True), ``merged``
-    (False: the ``init_cfg`` base is loaded when built). The global
+    (False: the ``init_cfg`` base is loaded when built), ``random_base``
+    (False). The global
     scope's reference grid is the stage's grid at ``img_size``.
 
     With Swin-B, window 7, the trainable backbone parameters are 0.23M (MoPPA

@@ -120,6 +120,14 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
             (:meth:`merge_adapters`), to load a merged checkpoint
             (``publish_model.py --merge``). Defaults to False: the ``Pretrained``
             checkpoint of ``init_cfg`` is loaded when the backbone is built.
+        random_base (bool): The frozen base is random on purpose (benchmarks,
+            tests); otherwise training without a pre-trained base stops
+            (:class:`~.adapter_mixin.AdapterMixin`). Defaults to False.
+
+    With ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm
+    of the pooled patch tokens, ``ln2``, which no pre-trained base has: it
+    trains with the adapters (``fresh_params``; the parameter table and the
+    adapter record name it), and a base without it loads.
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
@@ -139,6 +147,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                  route_schedule: str = 'auto',
                  strict_adapter_record: bool = True,
                  merged: bool = False,
+                 random_base: bool = False,
                  **kwargs) -> None:
         self.moppa_config = moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
@@ -157,11 +166,13 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
                 attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
         if use_scale_shift:
             scale_shift_projection(self.patch_embed, self.embed_dims)
+        # the pooled tokens' norm (MAE's fc_norm) is new in fine-tuning: it trains
+        self.fresh_params = ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
-                           strict_adapter_record)
+                           strict_adapter_record, random_base)
         if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
             self._freeze_stages()
         self._build_base(merged)
@@ -176,9 +187,12 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
 
     def adapter_options(self) -> dict:
         units = [layer.moppa for layer in self.layers if hasattr(layer, 'moppa')]
-        return dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
-                    moppa_heads=[unit.num_heads for unit in units],
-                    grid=list(units[0].grid_size) if units else None)
+        options = dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
+                       moppa_heads=[unit.num_heads for unit in units],
+                       grid=list(units[0].grid_size) if units else None)
+        if self.fresh_params:  # recorded only where there are any (earlier records)
+            options['fresh_params'] = list(self.fresh_params)
+        return options
 
     def forward(self, x: torch.Tensor) -> tuple:
         """mmpretrain's ``VisionTransformer.forward`` with one change: every

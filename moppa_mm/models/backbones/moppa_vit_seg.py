@@ -59,8 +59,9 @@ class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
     ``out_indices``, ``with_cls_token``, ``pretrained``, ...), plus
     ``moppa_cfg``, ``moppa_heads``, ``use_moppa``, ``use_scale_shift``,
     ``freeze_pretrained``, ``route_loss_weight``, ``route_schedule``,
-    ``strict_adapter_record`` and ``merged``, with the meaning and defaults they have in the
-    MMPretrain :class:`~.moppa_vit.MoPPAVisionTransformer`. The units'
+    ``strict_adapter_record``, ``merged`` and ``random_base``, with the
+    meaning and defaults they have in the MMPretrain
+    :class:`~.moppa_vit.MoPPAVisionTransformer`. The units'
     reference grid is the patch grid at ``img_size`` (32 x 32 for 512 px and
     16 px patches); other grids (sliding-window or whole-image tests) resize
     the frequency maps.
@@ -83,6 +84,7 @@ class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
                  route_schedule: str = 'auto',
                  strict_adapter_record: bool = True,
                  merged: bool = False,
+                 random_base: bool = False,
                  **kwargs) -> None:
         moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
@@ -104,7 +106,7 @@ class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
         if use_scale_shift:
             scale_shift_projection(self.patch_embed, self.embed_dims)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
-                           strict_adapter_record)
+                           strict_adapter_record, random_base)
         self._build_base(merged)
 
     def arch_record(self) -> dict:

@@ -46,6 +46,7 @@ def _detach(parent: nn.Module, name: str) -> None:
     backbone = attached.pop(name, None)
     if backbone is not None:
         backbone.__dict__.pop('_parent_hooks', None)
+        backbone.__dict__.pop('_attached_name', None)
 
 
 def _attach(parent: nn.Module, name: str, child) -> None:
@@ -68,6 +69,7 @@ def _attach(parent: nn.Module, name: str, child) -> None:
             functools.partial(child._check_heads, name), with_module=True)
         given.append('head shapes recorded and checked on load')
     child.__dict__['_parent_hooks'] = f'{type(parent).__name__}.{name}: ' + '; '.join(given)
+    child.__dict__['_attached_name'] = name  # the key its messages name (optimizer_check)
     return None
 
 

@@ -172,6 +172,9 @@ class SwinAdapterMixin(AdapterMixin):
             (:meth:`merge_adapters`), to load a merged checkpoint
             (``publish_model.py --merge``). False (default): the ``Pretrained``
             checkpoint of ``init_cfg`` is loaded when the backbone is built.
+        random_base (bool): The frozen base is random on purpose (benchmarks,
+            tests); otherwise training without a pre-trained base stops
+            (:class:`~.adapter_mixin.AdapterMixin`). Defaults to False.
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
@@ -195,6 +198,7 @@ class SwinAdapterMixin(AdapterMixin):
                  route_schedule: str = 'auto',
                  strict_adapter_record: bool = True,
                  merged: bool = False,
+                 random_base: bool = False,
                  **kwargs) -> None:
         if moppa_scope not in SCOPES:
             raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
@@ -221,7 +225,7 @@ class SwinAdapterMixin(AdapterMixin):
             scale_shift_projection(self.patch_embed,
                                    self.patch_embed.projection.out_channels)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
-                           strict_adapter_record)
+                           strict_adapter_record, random_base)
         self._build_base(merged)
 
     def arch_record(self) -> dict:

@@ -81,12 +81,12 @@ def module_hooks(model: nn.Module) -> dict:
 @pytest.mark.parametrize('name', list(MODELS))
 def test_forward_registers_no_hooks(name):
     """Built, and after an eval and a training forward and backward: the only
-    module hook is the backbone's scale-floor check (one device read-back per
-    step before a forward with gradients), and none is global."""
+    module hook is the backbone's check before a forward with gradients (the
+    base is a pre-trained one; the scale floors, one device read-back per
+    step), and none is global."""
     build, size, _ = MODELS[name]
-    model = build()
-    expected = {'': ['_check_scale_floors']} if any(
-        'ssf_' in k for k in model.state_dict()) else {}
+    model = build(random_base=True)  # trains on its random base
+    expected = {'': ['_check_before_training']}
     assert module_hooks(model) == expected
     x = torch.randn(1, 3, size, size)
     with torch.no_grad():
