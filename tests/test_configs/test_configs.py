@@ -94,6 +94,16 @@ def test_config_parses_and_builds(path):
         assert model.head.num_classes == cfg.model.head.num_classes
 
 
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))
+def test_moppa_config_builds_its_optimizer_over_the_trainable_set(path):
+    """Every MoPPA config (the demos too) uses TrainableParamsOptimWrapperConstructor:
+    with a paramwise_cfg, mmengine's default constructor logs one warning per
+    frozen parameter. (The segmentation configs: test_seg_configs.py.)"""
+    cfg = parsed(path)
+    if cfg.model.backbone.type.startswith('MoPPA'):
+        assert cfg.optim_wrapper.constructor == 'TrainableParamsOptimWrapperConstructor'
+
+
 @pytest.mark.parametrize('path', SHARED_BASES, ids=lambda p: osp.relpath(p, REPO))
 def test_shared_base_parses_alone(path):
     """A piece of configs/_base_/ needs nothing from the config that composes

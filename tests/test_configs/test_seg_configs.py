@@ -35,6 +35,15 @@ def test_the_configs_are_the_packaged_ones():
     assert sorted(osp.basename(p) for p in CONFIGS) == sorted([SWIN, VIT])
 
 
+@pytest.mark.parametrize('path', CONFIGS, ids=osp.basename)
+def test_config_builds_its_optimizer_over_the_trainable_set(path):
+    """mmseg's configs set a paramwise_cfg: mmengine's default constructor
+    would log one warning per frozen parameter (about 120), ours one line."""
+    cfg = Config.fromfile(path)
+    assert cfg.optim_wrapper.paramwise_cfg.custom_keys  # mmseg's, as it is
+    assert cfg.optim_wrapper.constructor == 'TrainableParamsOptimWrapperConstructor'
+
+
 @pytest.mark.parametrize('name, backbone, trainable', [
     (SWIN, 'MoPPASwinTransformerSeg', 3.21e6),
     (VIT, 'MoPPAVisionTransformerSeg', 0.54e6),
@@ -51,7 +60,8 @@ def test_tiny_vit_upernet_trains_with_loss_route():
     cfg = Config.fromfile(osp.join(REPO, 'configs/segmentation', VIT))
     cfg.model.pretrained = None
     cfg.model.backbone.update(init_cfg=None, img_size=(32, 32), embed_dims=32,
-                              num_layers=4, num_heads=2, out_indices=(0, 1, 2, 3))
+                              num_layers=4, num_heads=2, out_indices=(0, 1, 2, 3),
+                              random_base=True)  # a step on a random base, on purpose
     cfg.model.neck.update(in_channels=[32] * 4, out_channels=32)
     cfg.model.decode_head.update(in_channels=[32] * 4, channels=16, num_classes=4)
     cfg.model.auxiliary_head.update(in_channels=32, channels=8, num_classes=4)

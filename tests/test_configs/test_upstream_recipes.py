@@ -136,20 +136,21 @@ def test_a_from_scratch_config_stops_instead_of_freezing_a_random_base(
     assert 'random (no base loaded)' in run_log(cfg)  # the table: not "pre-trained"
     assert not glob.glob(osp.join(cfg.work_dir, '*.pth'))
     # the named way out: everything trains
+    (tmp_path / 'whole').mkdir()
     cfg = config(tmp_path / 'whole', base, backbone, CLASSIFIER.format(root=vtab_root, **tiny),
                  **{'model.backbone.freeze_pretrained': False})
-    (tmp_path / 'whole').mkdir(exist_ok=True)
     Runner.from_cfg(cfg).train()
     assert osp.isfile(osp.join(cfg.work_dir, 'iter_2.pth'))
 
 
-def mae_pretrained(path) -> str:
+def mae_pretrained(folder) -> str:
     """A tiny MAE pre-training checkpoint, as mmpretrain's MAE writes it: the
     packaged pre-training config's model (``MAEViT``, decoder, head), made
     tiny, its ``state_dict`` under ``backbone.`` / ``neck.`` / ``head.``."""
     from mmpretrain.registry import MODELS
     init_default_scope('mmpretrain')
-    cfg = Config.fromfile(MAE_PRETRAIN)
+    (folder / 'mae_pretrain_cfg.py').write_text(f'_base_ = {MAE_PRETRAIN!r}\n')
+    cfg = Config.fromfile(str(folder / 'mae_pretrain_cfg.py'))
     cfg.model.backbone.update(arch=TINY_VIT_ARCH, img_size=32, patch_size=8)
     cfg.model.neck.update(num_patches=16, patch_size=8, embed_dim=32,
                           decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=4)
@@ -157,12 +158,13 @@ def mae_pretrained(path) -> str:
     torch.manual_seed(0)
     mae = MODELS.build(cfg.model)
     mae.init_weights()
+    path = str(folder / 'mae_pretrain.pth')
     torch.save({'state_dict': mae.state_dict(), 'meta': {}}, path)
     return path
 
 
 def test_mae_fine_tuning_config_trains_its_new_norm_with_the_adapters(vtab_root, tmp_path):
-    checkpoint = mae_pretrained(str(tmp_path / 'mae_pretrain.pth'))
+    checkpoint = mae_pretrained(tmp_path)
     saved = torch.load(checkpoint, weights_only=True)['state_dict']
     assert 'backbone.ln1.weight' in saved and 'backbone.ln2.weight' not in saved
     tiny = CLASSIFIER.format(
@@ -182,6 +184,8 @@ def test_mae_fine_tuning_config_trains_its_new_norm_with_the_adapters(vtab_root,
     log = run_log(cfg)
     assert 'new, no base has them' in log  # the table's row for ln2
     assert log.count('layer-wise lr decay') == 1  # the adapters' lr, warned once
+    # the file's own final norm (ln1, not in this model) is no sign of a changed base
+    assert 're-initialised after it was loaded' not in log
     assert not torch.equal(backbone.ln2.weight, start['ln2.weight'])  # it trained
     layer = backbone.layers[0].attn.qkv.weight
     torch.testing.assert_close(layer, saved['backbone.layers.0.attn.qkv.weight'],
@@ -232,6 +236,7 @@ def test_dino_backbone_lr_mult_warns_and_the_suggested_key_restores_the_lr(
     assert adapter_lrs(runner.optim_wrapper.optimizer, runner.model.backbone) == {1e-05}
 
     # the suggested line: the adapters at the optimizer's lr, the base still out
+    (tmp_path / 'fixed').mkdir()
     fixed = config(tmp_path / 'fixed', DINO_BASE, 'MoPPASwinTransformer', dino)
     fixed.optim_wrapper.paramwise_cfg.custom_keys['backbone.'] = dict(
         lr_mult=1.0, decay_mult=1.0)
@@ -246,6 +251,7 @@ def test_dino_backbone_lr_mult_warns_and_the_suggested_key_restores_the_lr(
     assert not any('adapter tensors train at lr' in m for m in messages)
 
     # ours names the key when it builds the optimizer
+    (tmp_path / 'ours').mkdir()
     ours = config(tmp_path / 'ours', DINO_BASE, 'MoPPASwinTransformer', dino,
                   **{'optim_wrapper.constructor': 'TrainableParamsOptimWrapperConstructor'})
     runner = Runner.from_cfg(ours)

@@ -213,6 +213,11 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                 self._init_base_weights()
             finally:
                 self._full_state = full
+            if self._base is not None:  # the base as it sits in the model: a file
+                # may hold keys the model has not (MAE's final norm under
+                # final_norm=False), which the recorded fingerprint counts
+                self._base_as_loaded = (self._base,
+                                        self._base_fingerprint(self._own_full_state()))
         for module in self._adapters():
             module.reset_parameters()
         if not base_in_model:  # logged once: when the base came
@@ -226,8 +231,12 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         before it calls the backbone's ``init_weights()``. Logs it; the base is
         then loaded again from the same file."""
         recorded = self._base.get('fingerprint') if self._base else None
-        if not recorded or not self._base.get('checkpoint') or \
-                self._base_fingerprint(self._own_full_state()) == recorded:
+        if not recorded or not self._base.get('checkpoint'):
+            return False
+        loaded_base, as_loaded = self.__dict__.get('_base_as_loaded', (None, None))
+        if loaded_base is self._base:  # the base init_weights loaded, as it was then
+            recorded = as_loaded
+        if self._base_fingerprint(self._own_full_state()) == recorded:
             return False
         print_log(f'{type(self).__name__}: the pre-trained base was re-initialised '
                   'after it was loaded (by the init_cfg of the model around the '

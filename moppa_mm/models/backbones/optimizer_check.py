@@ -12,10 +12,12 @@ Before the first ``step()`` of an optimizer that holds its adapters, the hook
 compares their groups' learning rate (``initial_lr``, the one before any
 schedule, else ``lr``) and weight decay with the optimizer's ``defaults``,
 logs one warning where the learning rate differs (or where every adapter's
-weight decay does), and removes itself. Optimizers without the adapters are
-passed by. The backbone's ``repr`` names the check while it waits
-(``optimizer_check=...``); the hook holds the backbone weakly and goes with it.
-Being torch's, it works in a plain PyTorch loop too.
+weight decay does), and is removed after that step (torch goes through its
+global hooks during the step: a post-hook of that optimizer removes it).
+Optimizers without the adapters are passed by. The backbone's ``repr`` names
+the check while it waits (``optimizer_check=...``); the hook holds the backbone
+weakly, and the hook of a backbone that is gone is removed when the next
+backbone is built. Being torch's, it works in a plain PyTorch loop too.
 
 :class:`~moppa_mm.engine.optimizers.TrainableParamsOptimWrapperConstructor`
 knows the ``paramwise_cfg``: it warns when it builds the optimizer, naming the
@@ -37,8 +39,10 @@ from .adapter_state import is_adapter_key
 WAITING = ("first step of an optimizer that holds the adapters: their lr and weight "
            "decay against the optimizer's")
 
-_checks: 'weakref.WeakKeyDictionary[nn.Module, _FirstStepCheck]' = \
+# backbone -> its check, while it waits; every check still among torch's hooks
+_waiting: 'weakref.WeakKeyDictionary[nn.Module, _FirstStepCheck]' = \
     weakref.WeakKeyDictionary()
+_registered: List['_FirstStepCheck'] = []
 
 
 class _FirstStepCheck:
@@ -47,39 +51,68 @@ class _FirstStepCheck:
     def __init__(self, backbone: nn.Module) -> None:
         self.backbone = weakref.ref(backbone)
         self.passed = weakref.WeakSet()  # optimizers without its adapters
+        self.done = False
         self.handle = register_optimizer_step_pre_hook(self)
-        weakref.finalize(backbone, self.handle.remove)
 
     def __call__(self, optimizer: Optimizer, args, kwargs) -> None:
         backbone = self.backbone()
-        if backbone is None or optimizer in self.passed:
+        if self.done or backbone is None or optimizer in self.passed:
             return None
         held = adapter_groups(backbone, optimizer)
         if not held:
             self.passed.add(optimizer)
             return None
-        check_done(backbone)
+        self.done = True
+        _waiting.pop(backbone, None)
+        # torch is going through its global pre-hooks: this one goes after the step
+        optimizer.register_step_post_hook(_AfterStep())
         message = adapter_lr_warning(backbone, optimizer, held)
         if message:
             print_log(message, logger='current', level=logging.WARNING)
         return None
 
 
+class _AfterStep:
+    """A post-hook of the optimizer whose first step ran a check: removes the
+    finished checks from torch's global pre-hooks (once; inert afterwards)."""
+
+    ran = False
+
+    def __call__(self, optimizer: Optimizer, args, kwargs) -> None:
+        if not self.ran:
+            self.ran = True
+            _remove_finished()
+
+
+def _remove_finished() -> None:
+    """Remove the checks that ran or whose backbone is gone from torch's
+    global hooks: never while torch goes through them (after a step, when a
+    backbone is built, by a constructor)."""
+    for check in [c for c in _registered if c.done or c.backbone() is None]:
+        check.handle.remove()
+        _registered.remove(check)
+
+
 def watch_first_step(backbone: nn.Module) -> None:
     """Register the backbone's one-shot check (when it is built)."""
-    _checks[backbone] = _FirstStepCheck(backbone)
+    _remove_finished()
+    check = _FirstStepCheck(backbone)
+    _registered.append(check)
+    _waiting[backbone] = check
 
 
 def waiting_check(backbone: nn.Module) -> Optional[str]:
     """What the backbone's check waits for, None once it has run (``repr``)."""
-    return WAITING if backbone in _checks else None
+    return WAITING if backbone in _waiting else None
 
 
 def check_done(backbone: nn.Module) -> None:
-    """Remove the backbone's check (it ran, or a constructor did its work)."""
-    check = _checks.pop(backbone, None)
+    """The backbone's adapters were checked (by a constructor that knows the
+    config): its step check goes."""
+    check = _waiting.pop(backbone, None)
     if check is not None:
-        check.handle.remove()
+        check.done = True
+        _remove_finished()
 
 
 def adapter_groups(backbone: nn.Module,
@@ -121,8 +154,8 @@ def adapter_lr_warning(backbone: nn.Module, optimizer: Optimizer,
         found.append(f'{len(off_lr)} of its {len(held)} adapter tensors train at lr '
                      f'{_values(off_lr)}{ratio}, the optimizer\'s is {base_lr:g}')
     if off_wd:
-        found.append(f'all of them at weight decay {_values(wds)}, the optimizer\'s is '
-                     f'{base_wd:g}')
+        found.append(f'{"all of them" if off_lr else f"all {len(held)} of its adapter tensors"}'
+                     f' train at weight decay {_values(wds)}, the optimizer\'s is {base_wd:g}')
     layer_wise = any('lr_scale' in group for _, group in held)
     if cause is None:
         cause = ("mmpretrain's layer-wise lr decay (paramwise_cfg.layer_decay_rate), "
@@ -140,5 +173,4 @@ def adapter_lr_warning(backbone: nn.Module, optimizer: Optimizer,
                f"dict(custom_keys={{'{where}.': dict(lr_mult=1.0, decay_mult=1.0)}}); "
                "optim_wrapper.constructor='TrainableParamsOptimWrapperConstructor' "
                'names the key')
-    return (f'{type(backbone).__name__}: ' + '; '.join(found) + f'. {cause[0].upper()}'
-            f'{cause[1:]}. Fix: {fix}.')
+    return f'{type(backbone).__name__}: ' + '; '.join(found) + f'. Why: {cause}. Fix: {fix}.'

@@ -57,17 +57,17 @@ def test_the_optimizers_lr_passes_quietly_and_weight_decay_counts_when_all_diffe
     assert len(warned) == 1 and 'weight decay 0, the optimizer\'s is 0.05' in warned[0]
 
 
-def test_a_schedule_does_not_count_and_the_check_goes_with_the_backbone():
+def test_a_schedule_does_not_count_and_the_hook_goes_after_its_step():
+    gc.collect()  # the backbones of earlier tests go; their hooks at the next build
     model = vit(random_base=True)
     optimizer = torch.optim.AdamW(groups(model), lr=1e-3)
     torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.01)  # warm-up: lr 1e-5
-    assert warnings_of_steps(optimizer) == []  # initial_lr is the optimizer's
-    del model, optimizer
-    gc.collect()  # the backbones of earlier tests, and their checks, go
     hooks = len(_global_optimizer_pre_hooks)
-    model = vit(random_base=True)
-    assert len(_global_optimizer_pre_hooks) == hooks + 1
-    del model
-    gc.collect()
-    assert len(_global_optimizer_pre_hooks) == hooks
+    assert warnings_of_steps(optimizer, steps=1) == []  # initial_lr is the optimizer's
+    assert len(_global_optimizer_pre_hooks) == hooks - 1  # removed after that step
+    del model, optimizer
+    vit(random_base=True)  # (removed when the next backbone is built)
+    ours = [h for h in _global_optimizer_pre_hooks.values()
+            if type(h).__name__ == '_FirstStepCheck']
+    assert len(ours) == 1  # the new backbone's
     assert waiting_check(vit(freeze_pretrained=False)) is None  # nothing frozen: no check

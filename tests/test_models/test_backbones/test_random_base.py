@@ -19,13 +19,17 @@ def training_step(model, size):
 
 
 def base_file(build, tmp_path):
-    """A pre-trained base in the model's own format (no adapter keys)."""
+    """A pre-trained base under ``backbone.`` (no adapter keys), and its
+    ``init_cfg``; the state dict."""
     with full_state(build(random_base=True)) as donor:
         state = {k: v for k, v in donor.state_dict().items()
                  if not any(t in k for t in ('moppa', 'conv_adapter', 'ssf_', '_extra'))}
     path = str(tmp_path / 'base.pth')
-    torch.save({'state_dict': state}, path)
-    return path, state
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in state.items()}}, path)
+    init_cfg = dict(type='Pretrained', checkpoint=path)
+    if 'pos_embed' in state:  # mmpretrain's ViT: the prefix goes to the Pretrained init
+        init_cfg['prefix'] = 'backbone.'  # (mmdet's Swin strips it itself)
+    return init_cfg, state
 
 
 @pytest.mark.parametrize('name', list(MODELS))
@@ -50,8 +54,8 @@ def test_training_a_random_frozen_base_stops_with_the_ways_out(name):
 @pytest.mark.parametrize('name', ['swin_det_window', 'vit'])
 def test_a_base_from_init_cfg_or_a_checkpoint_lets_it_train(name, tmp_path):
     build, size, _ = MODELS[name]
-    path, state = base_file(build, tmp_path)
-    built_with = build(init_cfg=dict(type='Pretrained', checkpoint=path))
+    init_cfg, state = base_file(build, tmp_path)
+    built_with = build(init_cfg=init_cfg)
     assert built_with.pretrained_base and 'random' not in built_with.parameter_report()
     training_step(built_with, size)
     loaded = build()  # the base loaded after building: load_state_dict
