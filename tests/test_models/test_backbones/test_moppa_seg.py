@@ -87,7 +87,7 @@ def test_vit_out_indices_grid_and_merge(tmp_path):
 
 
 def test_vit_without_cls_token():
-    model = MoPPAVisionTransformerSeg(**TINY_VIT, with_cls_token=False)
+    model = MoPPAVisionTransformerSeg(**TINY_VIT, with_cls_token=False, random_base=True)
     assert model.layers[0].moppa.num_extra_tokens == 0
     assert model(torch.randn(1, 3, 32, 48))[1].shape == (1, 16, 4, 6)
 

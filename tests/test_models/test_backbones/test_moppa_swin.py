@@ -102,7 +102,7 @@ def test_official_checkpoint_through_mmdet_converter_loads(tmp_path):
 
 
 def test_trainable_set_and_init_weights_keep_adapters_neutral():
-    moppa = MoPPASwinTransformer(**TINY)
+    moppa = MoPPASwinTransformer(**TINY, random_base=True)
     with torch.no_grad():
         for p in moppa.parameters():
             p.add_(1.0)  # disturb everything
@@ -134,7 +134,7 @@ def test_lean_conv_adapter_matches_plain_autograd(with_cp):
     """In the backbone, the conv adapter's memory-lean backward (norm2's output
     recomputed) gives the gradients that plain autograd gives."""
     torch.manual_seed(0)
-    lean = MoPPASwinTransformer(**TINY, with_cp=with_cp)
+    lean = MoPPASwinTransformer(**TINY, with_cp=with_cp, random_base=True)
     with torch.no_grad():
         for module in lean.modules():
             if isinstance(module, SwinConvAdapter):
@@ -165,8 +165,10 @@ def test_gradient_checkpointing():
     """with_cp=True gives every trainable parameter the gradient it gets
     without checkpointing (same weights, same input)."""
     torch.manual_seed(0)  # no drop path: both runs must see the same network
-    plain_cp = MoPPASwinTransformer(**TINY, with_cp=False, drop_path_rate=0.0)
-    with_cp = MoPPASwinTransformer(**TINY, with_cp=True, drop_path_rate=0.0)
+    plain_cp = MoPPASwinTransformer(**TINY, with_cp=False, drop_path_rate=0.0,
+                                    random_base=True)
+    with_cp = MoPPASwinTransformer(**TINY, with_cp=True, drop_path_rate=0.0,
+                                   random_base=True)
     with_cp.load_state_dict(plain_cp.state_dict())
     x = torch.randn(1, 3, 64, 64, requires_grad=True)
     grads = []
@@ -231,7 +233,7 @@ def test_checkpointed_blocks_take_the_grid_of_the_forward_they_recompute():
     The recompute of the first forward's blocks must use its 64x64 grids, and
     the gradients must equal those without checkpointing."""
     torch.manual_seed(0)
-    checkpointed = MoPPASwinTransformer(**TINY, with_cp=True)
+    checkpointed = MoPPASwinTransformer(**TINY, with_cp=True, random_base=True)
     with torch.no_grad():
         for module in checkpointed.modules():
             if isinstance(module, SwinConvAdapter):

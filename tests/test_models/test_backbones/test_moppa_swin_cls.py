@@ -49,7 +49,7 @@ def test_trains_a_step_in_an_image_classifier():
     classifier = MODELS.build(dict(
         _scope_='mmpretrain',  # whatever default scope an earlier test left current
         type='ImageClassifier',
-        backbone=dict(type='MoPPASwinTransformer', **TINY),
+        backbone=dict(type='MoPPASwinTransformer', **TINY, random_base=True),
         neck=dict(type='GlobalAveragePooling'),
         head=dict(type='LinearClsHead', num_classes=5, in_channels=32,
                   loss=dict(type='CrossEntropyLoss')),

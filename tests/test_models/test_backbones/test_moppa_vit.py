@@ -107,7 +107,7 @@ def test_class_token_passes_the_unit_unchanged():
 
 
 def test_trainable_set_and_gradients():
-    moppa = MoPPAVisionTransformer(**TINY)
+    moppa = MoPPAVisionTransformer(**TINY, random_base=True)
     moppa.init_weights()
     for name, p in moppa.named_parameters():
         assert p.requires_grad == adapter_key(name), name
@@ -175,7 +175,7 @@ def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one(
     dims, hidden, layers = 32, 64, 2
     model = MoPPAVisionTransformer(arch=dict(embed_dims=dims, num_layers=layers, num_heads=4,
                                              feedforward_channels=hidden),
-                                   img_size=32, patch_size=8)
+                                   img_size=32, patch_size=8, random_base=True)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     widths = {}
 

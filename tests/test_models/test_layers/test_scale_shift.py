@@ -173,7 +173,7 @@ def test_backbone_checks_every_scale_once_before_its_forward():
     from moppa_mm.models import MoPPAVisionTransformer
     model = MoPPAVisionTransformer(arch=dict(embed_dims=16, num_layers=2, num_heads=2,
                                              feedforward_channels=32),
-                                   img_size=16, patch_size=8)
+                                   img_size=16, patch_size=8, random_base=True)
     layers = [m for m in model.modules() if isinstance(m, ScaleShift)]
     checks = []
     model.register_forward_pre_hook(  # after the backbone's own pre-hook
