@@ -93,7 +93,7 @@ def test_route_loss_reaches_any_model_that_holds_a_moppa_backbone():
             self.backbone = MoPPAVisionTransformer(
                 arch=dict(embed_dims=8, num_layers=1, num_heads=2,
                           feedforward_channels=8),
-                img_size=8, patch_size=4, route_loss_weight=0.5)
+                img_size=8, patch_size=4, route_loss_weight=0.5, random_base=True)
 
         def forward(self, inputs, data_samples=None, mode='tensor'):
             out = self.backbone(inputs)[0]
