@@ -111,7 +111,7 @@ def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
         generated, tmp_path):  # noqa: F811  the imported fixture
     """The lock is the work-dir folder's: deleting its file does not lift it.
     Our tools refuse before the Runner writes anything (config, log folder);
-    mmpretrain's own tools refuse in the hook's before_run, one line too."""
+    mmpretrain's own tools before the Runner writes its config, one line too."""
     work_dir = tmp_path / 'work'
     cfg = tiny_family_config(FAMILIES['vtab1k'], generated, work_dir, max_epochs=1)
     config = dump_cfg(cfg, tmp_path / 'tiny.py')
@@ -143,7 +143,11 @@ def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
         with open(osp.join(work_dir, 'run.py')) as f:
             assert f.read() == first_dump
 
+        # mmpretrain's own tool: the config's WorkDirLockRunner refuses before
+        # it writes its config (its log folder is made)
         refusal_line(upstream_train(second_config, work_dir), first.pid)
+        with open(osp.join(work_dir, 'run.py')) as f:
+            assert f.read() == first_dump
         assert not osp.exists(osp.join(work_dir, 'epoch_1.pth'))  # nothing trained
     finally:
         first.kill()
