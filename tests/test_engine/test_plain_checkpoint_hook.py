@@ -7,33 +7,9 @@ import os.path as osp
 
 import torch
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
 from mmengine.runner import Runner
-from torch.utils.data import Dataset
 
-
-class Pairs(Dataset):
-
-    def __init__(self, size: int = 8) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self.inputs = torch.randn(size, 4, generator=generator)  # (N, 4)
-        self.targets = torch.randn(size, 1, generator=generator)  # (N, 1)
-
-    def __len__(self) -> int:
-        return len(self.inputs)
-
-    def __getitem__(self, index: int) -> dict:
-        return dict(inputs=self.inputs[index], targets=self.targets[index])
-
-
-class Regression(BaseModel):
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, inputs, targets, mode='tensor'):
-        return dict(loss=((self.linear(inputs) - targets) ** 2).mean())  # (B, 1) -> ()
+from tests.test_engine.test_rng_state_hook import RandomlyAugmented, RandomlyWeightedRegression
 
 
 class RecordLR(Hook):
@@ -57,9 +33,9 @@ class AddToCheckpoint(Hook):
 def build_runner(work_dir, name, anneal='cos', resume_from=None, extra_hooks=()):
     recorder = RecordLR()
     runner = Runner(
-        model=Regression(), work_dir=str(work_dir),
+        model=RandomlyWeightedRegression(), work_dir=str(work_dir),
         experiment_name=name,  # unique: Runners in one process share loggers by name
-        train_dataloader=dict(dataset=Pairs(), batch_size=2,
+        train_dataloader=dict(dataset=RandomlyAugmented(), batch_size=2,
                               sampler=dict(type='DefaultSampler', shuffle=False),
                               collate_fn=dict(type='default_collate')),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),

@@ -9,13 +9,14 @@ import os.path as osp
 import subprocess
 
 import pytest
-from mmengine.evaluator import BaseMetric
+from mmengine.evaluator import Evaluator
 
 from moppa_mm.engine import WorkDirLockRunner
 from moppa_mm.engine.hooks.work_dir_lock_hook import (LOCK_NAME, WorkDirBusyError, lock_work_dir,
                                                       unlock_work_dir)
 from tests.conftest import PYTHON
-from tests.test_engine.test_plain_checkpoint_hook import Pairs, Regression
+from tests.test_engine.test_rng_state_hook import (MeanError, RandomlyAugmented,
+                                                   RandomlyWeightedRegression)
 
 HOLD = '''
 import fcntl, os, sys, time
@@ -41,23 +42,14 @@ def held_by_another_process(tmp_path):
         holder.wait()
 
 
-class Zero(BaseMetric):
-
-    def process(self, data_batch, data_samples) -> None:
-        self.results.append(0.0)
-
-    def compute_metrics(self, results) -> dict:
-        return dict(zero=0.0)
-
-
 def toy_runner(work_dir, name):
-    loader = dict(dataset=Pairs(), batch_size=2,
+    loader = dict(dataset=RandomlyAugmented(), batch_size=2,
                   sampler=dict(type='DefaultSampler', shuffle=False),
                   collate_fn=dict(type='default_collate'))
     return WorkDirLockRunner(
-        model=Regression(), work_dir=work_dir, experiment_name=name,
+        model=RandomlyWeightedRegression(), work_dir=work_dir, experiment_name=name,
         train_dataloader=loader, val_dataloader=loader, val_cfg=dict(),
-        val_evaluator=dict(type=Zero),
+        val_evaluator=Evaluator(MeanError()),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
         train_cfg=dict(by_epoch=False, max_iters=1), default_hooks=dict(checkpoint=None))
 
