@@ -4,6 +4,8 @@
 #       every process in the checkpoints)
 #   PlainCheckpointHook: checkpoints hold only tensors and plain containers, so
 #       any torch.load(weights_only=True) reads them, moppa_mm imported or not
+#       (a scheduler's functions come back from the config on resume; anything
+#       else that cannot be stored is left out with a warning, never a failed save)
 #   NonFiniteLossHook: stops at the first NaN/inf loss, before it is saved
 #   WorkDirLockHook: one training run per work dir (a second one stops, naming
 #       the first's process and host; a killed run leaves no stale lock)

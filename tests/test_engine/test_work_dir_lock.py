@@ -6,6 +6,7 @@ processes, is in tests/test_tools/test_durability.py."""
 import glob
 import os
 import os.path as osp
+import re
 import subprocess
 
 import pytest
@@ -62,8 +63,9 @@ def test_the_lock_is_the_folder_s_not_its_file(held_by_another_process):
     work_dir = held_by_another_process
     open(osp.join(work_dir, LOCK_NAME), 'w').close()
     os.remove(osp.join(work_dir, LOCK_NAME))  # what a user might try
-    with pytest.raises(WorkDirBusyError, match=rf"^WorkDirLock: the work dir '{work_dir}' is "
-                                               r"in use by another training run \(pid \?"):
+    with pytest.raises(WorkDirBusyError, match=rf"^WorkDirLock: the work dir "
+                                               rf"'{re.escape(work_dir)}' is in use by "
+                                               r"another training run \(pid \?"):
         lock_work_dir(work_dir)
     assert os.listdir(work_dir) == []  # a refused run leaves nothing
 
