@@ -65,7 +65,9 @@ def test_the_lock_is_the_folder_s_not_its_file(held_by_another_process):
     os.remove(osp.join(work_dir, LOCK_NAME))  # what a user might try
     with pytest.raises(WorkDirBusyError, match=rf"^WorkDirLock: the work dir "
                                                rf"'{re.escape(work_dir)}' is in use by "
-                                               r"another training run \(pid \?"):
+                                               r"another training run \(its record "
+                                               rf"\.moppa_train\.lock was deleted; `lsof "
+                                               rf"{re.escape(work_dir)}` names it\)"):
         lock_work_dir(work_dir)
     assert os.listdir(work_dir) == []  # a refused run leaves nothing
 

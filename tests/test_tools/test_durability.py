@@ -96,14 +96,13 @@ def upstream_train(config, work_dir, *extra):
         cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
 
 
-def refusal_line(result, first_pid):
+def refusal_line(result):
     """The one line a refused run prints (no traceback)."""
     assert result.returncode == 1, result.stderr[-3000:]
     assert 'Traceback' not in result.stderr, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if 'is in use by another' in line]
     assert len(lines) == 1, result.stderr[-3000:]
-    assert f'another training run (pid {first_pid} on host {socket.gethostname()}' \
-        in lines[0], lines[0]
+    assert lines[0].startswith('WorkDirLock: the work dir'), lines[0]
     return lines[0]
 
 
@@ -132,20 +131,23 @@ def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
         while not osp.exists(osp.join(work_dir, 'held')):
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.5)
-        os.remove(osp.join(work_dir, '.moppa_train.lock'))  # the holder's record only
         before = sorted(os.listdir(work_dir))
         with open(osp.join(work_dir, 'run.py')) as f:
             first_dump = f.read()
 
-        line = refusal_line(train(second_config, work_dir), first.pid)
-        assert line.startswith('WorkDirLock: the work dir'), line
+        line = refusal_line(train(second_config, work_dir))
+        assert f'another training run (pid {first.pid} on host {socket.gethostname()}' \
+            in line, line
         assert sorted(os.listdir(work_dir)) == before  # no log folder, no config
         with open(osp.join(work_dir, 'run.py')) as f:
             assert f.read() == first_dump
 
         # mmpretrain's own tool: the config's WorkDirLockRunner refuses before
-        # it writes its config (its log folder is made)
-        refusal_line(upstream_train(second_config, work_dir), first.pid)
+        # it writes its config (its log folder is made); the record deleted,
+        # the folder's lock holds
+        os.remove(osp.join(work_dir, '.moppa_train.lock'))
+        line = refusal_line(upstream_train(second_config, work_dir))
+        assert 'its record .moppa_train.lock was deleted' in line, line
         with open(osp.join(work_dir, 'run.py')) as f:
             assert f.read() == first_dump
         assert not osp.exists(osp.join(work_dir, 'epoch_1.pth'))  # nothing trained

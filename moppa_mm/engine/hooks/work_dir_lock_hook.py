@@ -113,12 +113,13 @@ def lock_work_dir(work_dir: str) -> bool:
         if fd is not None:  # the folder's descriptor
             os.close(fd)
         holder = _holder(info)
+        who = (f'pid {holder.get("pid")} on host {holder.get("host")}, started '
+               f'{holder.get("started")}: {holder.get("command")}' if holder else
+               f'its record {LOCK_NAME} was deleted; `lsof {key}` names it')
         raise WorkDirBusyError(
             f'WorkDirLock: the work dir {work_dir!r} is in use by another training '
-            f'run (pid {holder.get("pid", "?")} on host {holder.get("host", "?")}, '
-            f'started {holder.get("started", "?")}: {holder.get("command", "?")}); '
-            'two runs in one work dir overwrite each other\'s checkpoints. Wait for '
-            'it to end, stop it, or pass another --work-dir')
+            f'run ({who}); two runs in one work dir overwrite each other\'s '
+            'checkpoints. Wait for it to end, stop it, or pass another --work-dir')
     _HELD[key] = fd
     record = json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
                              started=time.strftime('%Y-%m-%d %H:%M:%S'),
