@@ -195,9 +195,10 @@ def test_the_cli_exports_a_detectors_swin_backbone(tmp_path):
         torch.save({'state_dict': detector.state_dict()}, checkpoint)
     output = str(tmp_path / 'backbone.onnx')
     stdout = run_tool(config, checkpoint, '--output-file', output, '--shape', '64', '96',
-                      '--exporter', 'torchscript', '--verify')
+                      '--exporter', 'torchscript', '--opset', '11', '--verify')
     assert 'backbone features (feat0, feat1) of (batch, 3, 64, 96) images, merged ' \
-        'adapters, torchscript exporter' in stdout
+        'adapters, torchscript exporter, opset 11 (read from the file)' in stdout
+    assert file_opset(output) == [11]  # the Swin's lowest (the ViT's is 14)
     assert 'verified' in stdout
 
 
@@ -218,11 +219,12 @@ def test_bad_shapes_and_opsets_are_refused_before_export(vit, tmp_path, capsys):
         ('--shape', '48', '48'): r'--shape 48 48: the model refuses a \(batch, 3, 48, 48\) '
                                  r'input: ValueError: .*merged for its reference grid '
                                  r'\(4, 4\), got an input on the grid \(6, 6\)',
-        ('--opset', '7'): r'--opset 7: the dynamo exporter writes opsets 18 to 23 for these '
-                          r'models \(torch 2\.',
+        ('--opset', '7'): r'--opset 7: the dynamo exporter writes opsets 18 to 23 for a '
+                          r'MoPPAVisionTransformer \(torch 2\.',
         ('--opset', '24'): r'--opset 24: the dynamo exporter writes opsets 18 to 23',
         ('--opset', '13', '--exporter', 'torchscript'):
-            r'--opset 13: the torchscript exporter writes opsets 14 to 20',
+            r'--opset 13: the torchscript exporter writes opsets 14 to 20 for a '
+            'MoPPAVisionTransformer',
         ('--opset', '21', '--exporter', 'torchscript'):
             r'--opset 21: the torchscript exporter writes opsets 14 to 20',
     }
@@ -248,7 +250,7 @@ def test_the_opset_reported_is_the_files(vit, tmp_path, capsys, monkeypatch):
     assert file_opset(output) == [17]
     # an exporter that writes another opset than the one asked for (the
     # dynamo exporter below 18: its version conversion gives up): refused
-    monkeypatch.setitem(tool.LOWEST_OPSET, 'dynamo', 7)
+    monkeypatch.setattr(tool, 'lowest_opset', lambda exporter, backbone: 7)
     with pytest.raises(SystemExit, match=r'--opset 7 asked, the dynamo exporter wrote '
                        r'opset 18; .*model.onnx deleted$'):
         tool.main([config, checkpoint, '--output-file', output, '--opset', '7'])

@@ -29,9 +29,10 @@ sizes other than the export's and compares it with the PyTorch model as
 loaded (unmerged).
 
 Refused before any export, in one line: a ``--shape`` that is not positive or
-that the model refuses (a merged ViT at another size than its ``img_size``),
-an ``--opset`` outside what the exporter writes for these models
-(:func:`opset_range`). The opset reported is the one read back from the
+that the model refuses (a merged ViT at another size than its ``img_size``;
+a size the patch or window does not divide is padded by the model, as in
+PyTorch), an ``--opset`` outside what the exporter writes for the backbone
+(:func:`lowest_opset`, :func:`highest_opset`). The opset reported is the one read back from the
 written file. A file whose opset is not the one asked for, that the exporter
 or ``onnx.checker`` fails on, or that fails ``--verify`` (another number or
 shape of outputs, an onnxruntime error, a max absolute difference above
@@ -63,10 +64,6 @@ from preflight import _check_adapter_checkpoint_fits  # noqa: E402
 
 EXPORTERS = ('dynamo', 'torchscript')
 DEFAULT_OPSET = 18  # the dynamo exporter's own; the TorchScript one supports it too
-# the lowest opset each exporter writes for the MoPPA ViT and Swin (measured:
-# asked for less, the dynamo exporter keeps opset 18 in the file and the
-# TorchScript one has no symbolic for an operator the models use)
-LOWEST_OPSET = dict(dynamo=18, torchscript=14)
 TOLERANCE = 1e-4  # max absolute difference between onnxruntime and PyTorch
 EXPORT_BATCH = 2  # torch.export specialises a dimension of size 1
 VERIFY_BATCHES = (1, 3)
@@ -78,24 +75,34 @@ class ExportError(RuntimeError):
     """An export the tool refuses or a graph that does not match PyTorch."""
 
 
-def opset_range(exporter: str) -> Tuple[int, int]:
-    """The opsets ``exporter`` writes for these models: from
-    :data:`LOWEST_OPSET` to the highest the installed torch supports."""
-    highest = torch_onnx_limits.ONNX_MAX_OPSET if exporter == 'dynamo' else \
+def lowest_opset(exporter: str, backbone_type: str) -> int:
+    """The lowest opset ``exporter`` writes for the backbone, measured on the
+    MoPPA ViT and Swin, merged and unmerged: below 18 the dynamo exporter's
+    version conversion gives up (the file keeps opset 18); the TorchScript
+    exporter has the ViT's ``scaled_dot_product_attention`` from opset 14 and
+    the Swin's window padding (a Pad of computed sizes) from 11."""
+    if exporter == 'dynamo':
+        return 18
+    return 11 if 'Swin' in backbone_type else 14
+
+
+def highest_opset(exporter: str) -> int:
+    """The highest opset the installed torch's ``exporter`` supports."""
+    return torch_onnx_limits.ONNX_MAX_OPSET if exporter == 'dynamo' else \
         torch_onnx_limits.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
-    return LOWEST_OPSET[exporter], highest
 
 
-def check_arguments(shape, opset: int, exporter: str) -> None:
-    """Refuse a non-positive ``shape`` and an ``opset`` the exporter does not
-    write, before the model is built."""
-    if shape is not None and min(shape) < 1:
-        raise ExportError(f'--shape {shape[0]} {shape[1]}: the height and width must be '
-                          'positive')
-    lowest, highest = opset_range(exporter)
-    if not lowest <= opset <= highest:
-        raise ExportError(f'--opset {opset}: the {exporter} exporter writes opsets {lowest} '
-                          f'to {highest} for these models (torch {torch.__version__})')
+def check_arguments(args, cfg) -> None:
+    """Refuse a non-positive ``--shape`` and an ``--opset`` the exporter does
+    not write for the config's backbone, before the model is built."""
+    if args.shape is not None and min(args.shape) < 1:
+        raise ExportError(f'--shape {args.shape[0]} {args.shape[1]}: the height and width '
+                          'must be positive')
+    backbone = str(cfg.model.get('backbone', {}).get('type', ''))
+    lowest, highest = lowest_opset(args.exporter, backbone), highest_opset(args.exporter)
+    if not lowest <= args.opset <= highest:
+        raise ExportError(f'--opset {args.opset}: the {args.exporter} exporter writes opsets '
+                          f'{lowest} to {highest} for a {backbone} (torch {torch.__version__})')
 
 
 def check_shape(module: nn.Module, shape: Sequence[int]) -> None:
@@ -167,18 +174,21 @@ def build_model(cfg) -> nn.Module:
     return MODELS.build(copy.deepcopy(cfg.model))
 
 
-def load_model(config: str, checkpoint: str) -> Tuple[nn.Module, object]:
-    """``(model, cfg)``: the config's model with the checkpoint loaded (every
-    key: ``strict``), in eval mode."""
-    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+def load_config(config: str):
     if not osp.isfile(config):
         raise FileNotFoundError(f'config file not found: {config!r}')
-    cfg = read_config(config)
+    return read_config(config)
+
+
+def load_model(cfg, checkpoint: str) -> nn.Module:
+    """The config's model with the checkpoint loaded (every key:
+    ``strict``), in eval mode."""
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
     state = load_checkpoint_file(checkpoint, what='checkpoint', mmap=True)
     _check_adapter_checkpoint_fits(cfg, 'CHECKPOINT', checkpoint, state)
     model = build_model(cfg)
     _load_checkpoint_to_model(model, state, strict=True)
-    return model.eval(), cfg
+    return model.eval()
 
 
 def export_module(model: nn.Module, cfg) -> Tuple[nn.Module, List[str]]:
@@ -304,9 +314,10 @@ def main(argv=None) -> None:
 
 
 def run(args) -> None:
-    check_arguments(args.shape, args.opset, args.exporter)
+    cfg = load_config(args.config)
+    check_arguments(args, cfg)
     check_installed(args.exporter, args.verify)
-    model, cfg = load_model(args.config, args.checkpoint)
+    model = load_model(cfg, args.checkpoint)
     reference = export_module(copy.deepcopy(model), cfg)[0] if args.verify else None
     if not args.no_merge:
         merge(model)
