@@ -278,7 +278,7 @@ class AdapterBank:
             task.to(device)
         with torch.no_grad():
             torch._foreach_copy_(list(task.adapters.values()),
-                                 [slot.detach() for slot in self._adapter_slots.values()])
+                                 list(self._adapter_slots.values()))
         task.modules = OrderedDict((child, getattr(self.model, child))
                                    for child in task.modules)
 
