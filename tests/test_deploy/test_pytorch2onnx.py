@@ -141,11 +141,11 @@ def test_what_the_tool_refuses(vit, tmp_path, monkeypatch):
     tool.check_installed('torchscript', verify=False)
 
 
-def run_tool(*args):
+def run_tool(*args, returncode=0):
     result = subprocess.run([PYTHON, TOOL, *args], capture_output=True, text=True,
                             cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    assert result.returncode == returncode, result.stderr[-3000:]
+    return result.stdout if returncode == 0 else result.stderr
 
 
 def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
@@ -239,6 +239,12 @@ def test_bad_shapes_and_opsets_are_refused_before_export(vit, tmp_path, capsys):
             tool.main([config, checkpoint, '--output-file', str(output), *args])
         assert error.value.code == 2 and message in capsys.readouterr().err
     assert output.read_text() == 'an earlier export'
+    # as a user runs it: one line on stderr, no traceback, exit status 1
+    stderr = run_tool(config, checkpoint, '--output-file', str(output), '--shape', '0', '0',
+                      returncode=1)
+    assert stderr.splitlines()[-1] == 'pytorch2onnx.py: --shape 0 0: the height and ' \
+        'width must be positive'
+    assert 'Traceback' not in stderr
 
 
 def test_the_opset_reported_is_the_files(vit, tmp_path, capsys, monkeypatch):
