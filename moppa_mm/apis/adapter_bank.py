@@ -20,6 +20,14 @@ bank loads the base once and keeps, per task, only what differs::
 * **Switching** copies the task's adapter tensors into the backbone's adapter
   parameters (megabytes) and assigns its modules as the model's children. No
   base tensor is read or written: not loaded, copied, or fingerprinted.
+* **While a task is active the model is the task.** What is done to the
+  model (``bank.runner(name, cfg).train()``, a fine-tuning of ``bank.use(name)``,
+  a ``load_state_dict``) is done to the task as a whole: its modules are the
+  model's children, trained in place, and the backbone's adapter tensors are
+  copied back into the task when the bank switches away from it. The runner
+  starts training from the task's weights (mmengine's ``init_weights``, which
+  would reset the adapters and the head, is not called) and refuses a base
+  with trainable parameters (every task shares it).
 * **Checks on** :meth:`AdapterBank.add`: the file loads with
   ``weights_only=True`` and holds no NaN / infinite value; its adapter record
   names the bank's architecture and adapter options and the fingerprint of
@@ -238,11 +246,14 @@ class AdapterBank:
             self._active = None
 
     def use(self, name: str) -> nn.Module:
-        """Switch the model to task ``name`` and return it: the task's adapter
-        tensors are copied into the backbone's adapters, its modules become the
-        model's children (in the model's train / eval mode). No base tensor is
+        """Switch the model to task ``name`` and return it: the active task
+        first takes the model's adapters and modules back (what training did
+        to them is the task's), then task ``name``'s adapter tensors are copied
+        into the backbone's adapters and its modules become the model's
+        children (in the model's train / eval mode). No base tensor is
         touched."""
         task = self._task(name)
+        self._keep_active()
         device = self._device()
         if task.device != device:
             task.to(device)
@@ -255,27 +266,80 @@ class AdapterBank:
         self._active = name
         return self.model
 
+    def _keep_active(self) -> None:
+        """Copy the backbone's adapter tensors into the active task and take
+        the model's children as its modules: the task is what the model holds
+        now, trained or not."""
+        if self._active is None:
+            return
+        task = self._tasks[self._active]
+        device = self._device()
+        if task.device != device:  # the model moved while the task was active
+            task.to(device)
+        with torch.no_grad():
+            torch._foreach_copy_(list(task.adapters.values()),
+                                 list(self._adapter_slots.values()))
+        task.modules = OrderedDict((child, getattr(self.model, child))
+                                   for child in task.modules)
+
+    def _refuse_trainable_base(self, name: str) -> None:
+        trainable = [k for k, v in self._base.items()
+                     if isinstance(v, nn.Parameter) and v.requires_grad]
+        if trainable:
+            raise ValueError(
+                f'AdapterBank: training task {name!r} would change the base every task '
+                f'shares: {len(trainable)} base parameters are trainable: '
+                f'{_few(self.backbone_name + "." + k for k in trainable)}; freeze them '
+                '(the adapters and the modules around the backbone are the task\'s)')
+
     def runner(self, name: str, cfg: Union[str, Config]):
         """mmengine's ``Runner.from_cfg(cfg)`` on the bank's model switched to
         task ``name``: ``cfg.model`` is neither built nor loaded (it stays in
         the dumped config). Without ``cfg.work_dir``: ``work_dirs/<config
-        name>``, as the tools choose it."""
+        name>``, as the tools choose it. Its ``train()``, ``val()`` and
+        ``test()`` switch the bank to task ``name`` first; ``train()``
+        fine-tunes it from the task's weights (no ``init_weights``), and the
+        bank's task ``name`` is then the trained one, adapters and modules
+        (see :meth:`use`)."""
         from mmengine.runner import Runner
         cfg = copy.deepcopy(_read_config(cfg))
-        if cfg.get('load_from'):
-            raise ValueError(
-                f'cfg.load_from = {cfg.load_from!r}: the Runner would load it into the '
-                f'bank\'s model, over task {name!r}; unset it (the bank holds the weights)')
+        for key, loads in (('load_from', 'it'), ('resume', "the work_dir's last checkpoint")):
+            if cfg.get(key):
+                raise ValueError(
+                    f'cfg.{key} = {cfg[key]!r}: the Runner would load {loads} into the '
+                    f'bank\'s model, over task {name!r}; unset it (the bank holds the '
+                    'weights)')
         if cfg.get('work_dir') is None:
             stem = osp.splitext(osp.basename(cfg.filename))[0] if cfg.filename else name
             cfg.work_dir = osp.join('./work_dirs', stem)
         model = self.use(name)
+        bank = self
 
         class BankRunner(Runner):
-            """A Runner on the bank's model, built already."""
+            """A Runner on the bank's model, built already, for task ``name``:
+            each run switches the bank back to it first."""
 
             def build_model(self, _model_cfg) -> nn.Module:
                 return model
+
+            def train(self) -> nn.Module:
+                bank.use(name)
+                bank._refuse_trainable_base(name)
+                return super().train()
+
+            def val(self) -> dict:
+                bank.use(name)
+                return super().val()
+
+            def test(self) -> dict:
+                bank.use(name)
+                return super().test()
+
+            def _init_model_weights(self) -> None:
+                """Nothing to initialise: ``init_weights`` would reset the
+                task's adapters and head."""
+                self.logger.info(f'AdapterBank: training task {name!r} from its weights '
+                                 '(init_weights not called)')
 
         return BankRunner.from_cfg(cfg)
 
