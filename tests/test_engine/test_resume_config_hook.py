@@ -83,12 +83,13 @@ def run(work_dir, name, max_epochs, resume=False, load_from=None):
 def test_a_stored_config_that_cannot_be_read_is_named_on_resume(tmp_path, stored, warning):
     """It once compared nothing and said nothing."""
     import re
-    run(tmp_path / 'first', 'first', max_epochs=1)
-    checkpoint = torch.load(tmp_path / 'first/epoch_1.pth', weights_only=False)
+    run(tmp_path / 'first', f'first_{tmp_path.name}', max_epochs=1)
+    checkpoint = torch.load(tmp_path / 'first/epoch_1.pth', weights_only=True)
     checkpoint['meta']['cfg'] = stored
     path = str(tmp_path / 'stored.pth')
     torch.save(checkpoint, path)
-    resumed = run(tmp_path / 'resumed', 'resumed', max_epochs=2, resume=True, load_from=path)
+    resumed = run(tmp_path / 'resumed', f'resumed_{tmp_path.name}', max_epochs=2,
+                  resume=True, load_from=path)
     assert resumed.epoch == 2
     log = open(resumed.logger.log_file).read()
     assert re.search(rf'ResumeConfigCheckHook: --resume from {re.escape(path)}: {warning}',

@@ -152,7 +152,7 @@ def _type_problem(fields: Dict[str, Any], types: Dict[str, Tuple[type, ...]],
     for field, allowed in types.items():
         if field in fields and not isinstance(fields[field], allowed):
             names = ' or '.join('null' if t is _NULL else t.__name__ for t in allowed)
-            return (f'field {where}{field!r} is {type(fields[field]).__name__} '
+            return (f'field {where + str(field)!r} is {type(fields[field]).__name__} '
                     f'{short_repr(fields[field])}, not {names}')
     return None
 
