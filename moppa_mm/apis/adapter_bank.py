@@ -32,7 +32,9 @@ bank loads the base once and keeps, per task, only what differs::
   ``weights_only=True`` and holds no NaN / infinite value; its adapter record
   names the bank's architecture and adapter options and the fingerprint of
   the bank's base; a full checkpoint's base tensors equal the bank's; every
-  shape fits. A mismatch names the task, the key and both values.
+  shape fits. The record is read as the backbones' load reads it
+  (``check_adapter_record``: bounded, every field's type checked). A mismatch
+  names the task, the key and both values.
 """
 import copy
 import os.path as osp
@@ -47,8 +49,8 @@ from moppa_mm.models.backbones.adapter_state import (RECORD_KEY,
                                                      AdapterRecordMismatchError,
                                                      AdapterStateMixin,
                                                      PretrainedMismatchError,
-                                                     decode_record, full_state,
-                                                     is_adapter_key, is_adapter_record)
+                                                     check_adapter_record, full_state,
+                                                     is_adapter_key)
 from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file
 from moppa_mm.utils.params import few
 
@@ -211,8 +213,9 @@ class AdapterBank:
         Raises:
             ValueError: ``name`` is in the bank already.
             NonFiniteCheckpointError: a NaN or infinite value.
-            AdapterRecordMismatchError: the record names other options, or
-                another base (or a full checkpoint holds another base).
+            AdapterRecordMismatchError: the record is absent, names other
+                options or another base (or a full checkpoint holds another
+                base); ``AdapterRecordError`` (a subclass): it cannot be read.
             PretrainedMismatchError: keys or shapes do not fit.
         """
         if name in self._tasks:
@@ -229,7 +232,8 @@ class AdapterBank:
             state = {k[len('module.'):]: v for k, v in state.items()}
         inside = f'{self.backbone_name}.'
         backbone_state = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
-        record = decode_record(backbone_state.pop(RECORD_KEY, None))
+        record = check_adapter_record(backbone_state.pop(RECORD_KEY, None),
+                                      f'{inside}{RECORD_KEY}', what)
         self._check_record(record, what)
         self._check_base(backbone_state, record, what)
         adapters = self._take_adapters(backbone_state, what)
@@ -345,7 +349,7 @@ class AdapterBank:
 
     # ------------------------------------------------------------- checks
     def _check_record(self, record: Optional[Dict[str, Any]], what: str) -> None:
-        if not is_adapter_record(record):
+        if record is None:
             raise AdapterRecordMismatchError(
                 f'{what} has no adapter record of a {type(self.backbone).__name__} '
                 f'(key {self.backbone_name}.{RECORD_KEY}): not a checkpoint of a MoPPA '
@@ -355,7 +359,7 @@ class AdapterBank:
         if mismatches:
             raise AdapterRecordMismatchError(
                 f'{what} was built with other options than the bank\'s model; '
-                f'{len(mismatches)} differ:\n  ' + '\n  '.join(mismatches))
+                f'{len(mismatches)} differ:\n  ' + few(mismatches, 20, sep='\n  '))
 
     def _check_base(self, backbone_state: Dict[str, torch.Tensor],
                     record: Dict[str, Any], what: str) -> None:
