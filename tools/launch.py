@@ -52,9 +52,10 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
 
 
 def read_config(path: str) -> Config:
-    """``Config.fromfile`` after a bounded check of a YAML file (alias bombs,
-    deep nesting: see ``moppa_mm.utils.config_files``); a file nested too deeply
-    for mmengine's parsers is named instead of a bare ``RecursionError``."""
+    """``Config.fromfile`` after a bounded check of the file and its ``_base_``
+    files (YAML alias bombs, deep YAML / JSON nesting: see
+    ``moppa_mm.utils.config_files``); a file nested too deeply for mmengine's
+    parsers is named instead of a bare ``RecursionError``."""
     check_config_file(path)
     try:
         return Config.fromfile(path)

@@ -1,5 +1,6 @@
 """Config files that would hang or crash mmengine's parsers unnamed are refused,
 naming the file, by tools/train.py and tools/test.py (tools/launch.py)."""
+import json
 import subprocess
 import time
 
@@ -40,9 +41,38 @@ def test_yaml_base_file_and_deep_nesting_are_named(tmp_path):
     with pytest.raises(ValueError, match=r'deep.yml: refused: nested more than 500 '
                                          r'levels deep \(line 1\)'):
         load_config(str(tmp_path / 'deep.yml'))
-    (tmp_path / 'deep.json').write_text('{"a": ' + '[' * 100000 + ']' * 100000 + '}')
-    with pytest.raises(ValueError, match=r'deep.json: nested too deeply to parse'):
+    (tmp_path / 'deep.json').write_text('{"a":\n' + '[' * 100000 + ']' * 100000 + '}')
+    with pytest.raises(ValueError, match=r'deep.json: refused: nested more than 500 '
+                                         r'levels deep \(line 2\)'):
         load_config(str(tmp_path / 'deep.json'))
+
+
+@pytest.mark.parametrize('child', ['child.py', 'child.json', 'child.yaml'])
+@pytest.mark.parametrize('base', ['bomb.yaml', 'deep.json'])
+def test_a_hostile_base_of_any_config_format_is_named(tmp_path, child, base):
+    """A Python (or JSON) config whose ``_base_`` is a YAML alias bomb once hung
+    tools/train.py; a deep JSON base gave a bare RecursionError. The base is
+    found (a Python config's ``_base_`` line is read, not run), through a
+    config in between too, and named."""
+    (tmp_path / 'bomb.yaml').write_text(alias_bomb(7))  # 10 million nodes
+    (tmp_path / 'deep.json').write_text('{"a": ' + '[' * 5000 + ']' * 5000 + '}')
+    (tmp_path / 'sub').mkdir()
+    (tmp_path / 'sub/middle.py').write_text(f"_base_ = '../{base}'\nlr = 0.1\n")
+    text = {'child.py': "_base_ = ['./sub/middle.py']\nlr = 0.2\n",
+            'child.json': '{"_base_": "./sub/middle.py", "lr": 0.2}',
+            'child.yaml': '_base_: ./sub/middle.py\nlr: 0.2\n'}[child]
+    (tmp_path / child).write_text(text)
+    problem = ('its YAML aliases expand to more than 1,000,000 nodes' if base == 'bomb.yaml'
+               else 'nested more than 500 levels deep')
+    with pytest.raises(ValueError, match=rf'sub/\.\./{base}: refused: {problem}'):
+        load_config(str(tmp_path / child))
+
+
+def test_json_brackets_in_strings_are_not_nesting(tmp_path):
+    (tmp_path / 'base.json').write_text(json.dumps({'pattern': '[' * 600 + '\\"{' * 300}))
+    (tmp_path / 'child.py').write_text("_base_ = './base.json'\nlr = 0.1\n")
+    cfg = load_config(str(tmp_path / 'child.py'))
+    assert cfg.pattern.startswith('[' * 600) and cfg.lr == 0.1
 
 
 def test_yaml_with_anchors_within_bounds_loads(tmp_path):
