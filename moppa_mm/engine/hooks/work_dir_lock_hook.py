@@ -13,8 +13,10 @@ ends: a killed run leaves nothing that blocks the next one.
 
 Our ``tools/train.py`` takes the lock before the Runner is built, before
 anything is written into the work dir. Under mmdet's and mmpretrain's own
-tools, :class:`WorkDirLockHook` takes it in ``before_run``, after the Runner
-has written its config and made its log folder (see docs/checks.md).
+tools, ``WorkDirLockRunner`` (``runner_type`` in ``moppa_guards.py``) takes it
+before it writes its config (after its log folder is made), and
+:class:`WorkDirLockHook` alone in ``before_run``, after both (see
+docs/checks.md).
 """
 import errno
 import fcntl
