@@ -22,7 +22,7 @@ from preflight import check_config
 
 from moppa_mm.engine.hooks.work_dir_lock_hook import lock_work_dir, unlock_work_dir
 from moppa_mm.utils.checkpoints import checkpoint_to_resume
-from moppa_mm.utils.config_files import check_config_file
+from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.malloc import keep_freed_memory
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
@@ -49,19 +49,6 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
     return cfg
-
-
-def read_config(path: str) -> Config:
-    """``Config.fromfile`` after a bounded check of the file and its ``_base_``
-    files (YAML alias bombs, deep YAML / JSON nesting: see
-    ``moppa_mm.utils.config_files``); a file nested too deeply for mmengine's
-    parsers is named instead of a bare ``RecursionError``."""
-    check_config_file(path)
-    try:
-        return Config.fromfile(path)
-    except RecursionError:
-        raise ValueError(f'{path}: nested too deeply to parse; not a config '
-                         'file') from None
 
 
 def launch_rank(launcher: str) -> int:

@@ -52,6 +52,7 @@ from moppa_mm.models.backbones.adapter_state import (RECORD_KEY,
                                                      check_adapter_record, full_state,
                                                      is_adapter_key)
 from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file
+from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.params import few
 
 Checkpoint = Union[str, Mapping[str, Any]]
@@ -66,7 +67,7 @@ def _tensor_bytes(tensors) -> int:
 
 
 def _read_config(cfg: Union[str, Config]) -> Config:
-    return Config.fromfile(cfg) if isinstance(cfg, str) else cfg
+    return read_config(cfg) if isinstance(cfg, str) else cfg
 
 
 def build_model(cfg: Union[str, Config], backbone: Optional[dict] = None) -> nn.Module:

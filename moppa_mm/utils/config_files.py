@@ -167,3 +167,16 @@ def check_config_file(path: str, max_nodes: int = MAX_YAML_NODES,
     bases = _python_bases(path) if suffix == '.py' else _data_bases(path, suffix)
     for base in _local_files(bases):
         check_config_file(osp.join(osp.dirname(path), base), max_nodes, max_depth, seen)
+
+
+def read_config(path: str):
+    """``mmengine.config.Config.fromfile`` after :func:`check_config_file`; a
+    file nested too deeply for mmengine's parsers is named instead of a bare
+    ``RecursionError``. Every tool of ours reads a user's config file with it."""
+    from mmengine.config import Config
+    check_config_file(path)
+    try:
+        return Config.fromfile(path)
+    except RecursionError:
+        raise ValueError(f'{path}: nested too deeply to parse; not a config '
+                         'file') from None

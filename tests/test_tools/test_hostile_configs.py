@@ -1,10 +1,12 @@
 """Config files that would hang or crash mmengine's parsers unnamed are refused,
 naming the file, by tools/train.py and tools/test.py (tools/launch.py)."""
 import json
+import re
 import subprocess
 import time
 
 import pytest
+import torch
 from launch import load_config  # tools/
 
 from tests.conftest import PYTHON, REPO, child_env
@@ -82,3 +84,30 @@ def test_yaml_with_anchors_within_bounds_loads(tmp_path):
         f'{alias_bomb(3)}')
     cfg = load_config(str(tmp_path / 'child.yaml'))
     assert cfg.lr == 0.1 and cfg.opt2.type == 'SGD' and len(cfg.a2) == 10
+
+
+def test_every_tool_that_reads_a_users_config_bounds_it(tmp_path):
+    """tools/train.py and test.py are not the only readers of a user's config:
+    the analysis tools, publish_model.py --config and the adapter bank read it
+    through the same bounded check."""
+    from moppa_mm.apis import AdapterBank
+    (tmp_path / 'bomb.yaml').write_text(alias_bomb(7))  # 10 million nodes
+    config = tmp_path / 'child.py'
+    config.write_text("_base_ = './bomb.yaml'\n")
+    refused = r'bomb.yaml: refused: its YAML aliases expand to more than'
+    with pytest.raises(ValueError, match=refused):
+        AdapterBank.from_config(str(config))
+    torch.save({'state_dict': {}, 'meta': {}}, tmp_path / 'in.pth')
+    (tmp_path / 'empty.pth').write_bytes(b'')
+    publish = ['tools/model_converters/publish_model.py']
+    for tool, message in (
+            (['tools/analysis/param_breakdown.py', str(config)], refused),
+            (publish + [str(tmp_path / 'in.pth'), str(tmp_path / 'out.pth'), '--merge-base',
+                        '--config', str(config)], refused),
+            (publish + [str(tmp_path / 'empty.pth'), str(tmp_path / 'out.pth')],
+             r"empty.pth' is empty \(0 bytes\)")):
+        run = subprocess.run([PYTHON] + tool, cwd=REPO, env=child_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1, (tool, run.stderr[-2000:])
+        assert 'Traceback' not in run.stderr, run.stderr[-2000:]
+        assert re.search(message, run.stderr), run.stderr[-2000:]

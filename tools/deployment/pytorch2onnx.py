@@ -56,11 +56,11 @@ from torch.onnx import _constants as torch_onnx_limits
 import moppa_mm  # registries
 from moppa_mm.models.backbones.adapter_state import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.config_files import read_config
 
 TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
     sys.path.append(TOOLS)
-from launch import read_config  # noqa: E402  tools/launch.py
 from preflight import _check_adapter_checkpoint_fits  # noqa: E402
 
 EXPORTERS = ('dynamo', 'torchscript')
