@@ -175,8 +175,9 @@ def render(m: dict, device: torch.device, quick: bool, total: float, settings: s
         f'{settings}. Times are medians. A task holds '
         f'{share:.2f}% of the base\'s bytes: the base and all {m["tasks"]} tasks take '
         f'{all_tasks / MIB:.1f} MiB, against {m["tasks"] * m["base_bytes"] / MIB:.0f} MiB for '
-        f'{m["tasks"]} models. A switch writes the adapters in place and swaps the head '
-        'module; no base tensor is read or written.',
+        f'{m["tasks"]} models. A switch copies the active task\'s adapters back into it, '
+        'writes the next task\'s in place and swaps the head module; no base tensor is read '
+        'or written.',
         '',
         table,
         '',

@@ -8,6 +8,8 @@ A module of the tools, not of the package: it imports its neighbours
 """
 import argparse
 import importlib.util
+import logging
+import os
 import os.path as osp
 import sys
 from typing import List, Optional
@@ -15,9 +17,12 @@ from typing import List, Optional
 # neighbours in tools/
 from cpu_distributed import setup_distributed, shutdown_distributed
 from mmengine.config import Config
+from mmengine.logging import print_log
 from preflight import check_config
 
-from moppa_mm.utils.config_files import check_config_file
+from moppa_mm.engine.hooks.work_dir_lock_hook import lock_work_dir, unlock_work_dir
+from moppa_mm.utils.checkpoints import checkpoint_to_resume
+from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.malloc import keep_freed_memory
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
@@ -46,23 +51,37 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     return cfg
 
 
-def read_config(path: str) -> Config:
-    """``Config.fromfile`` after a bounded check of a YAML file (alias bombs,
-    deep nesting: see ``moppa_mm.utils.config_files``); a file nested too deeply
-    for mmengine's parsers is named instead of a bare ``RecursionError``."""
-    check_config_file(path)
-    try:
-        return Config.fromfile(path)
-    except RecursionError:
-        raise ValueError(f'{path}: nested too deeply to parse; not a config '
-                         'file') from None
+def launch_rank(launcher: str) -> int:
+    """This process's global rank, from its launcher's environment (before the
+    Runner initialises torch.distributed)."""
+    if launcher != 'none':
+        for name in ('RANK', 'SLURM_PROCID', 'OMPI_COMM_WORLD_RANK'):
+            if name in os.environ:
+                return int(os.environ[name])
+    return 0
+
+
+def resume_latest(cfg: Config) -> None:
+    """``--resume`` without a file: where ``<work_dir>/last_checkpoint`` is
+    missing or names a file that is gone, resume from the newest complete
+    checkpoint of the work dir (``load_from``), and say so."""
+    if not cfg.get('resume') or cfg.get('load_from') or not cfg.get('work_dir'):
+        return
+    path, note = checkpoint_to_resume(cfg.work_dir)
+    if note:
+        cfg.load_from = path
+        if launch_rank(cfg.get('launcher', 'none')) == 0:
+            print_log(note, logger='current', level=logging.WARNING)
 
 
 def prepare_run(cfg: Config, mode: str) -> None:
-    """Fail fast on missing inputs, prepare CPU runs (distributed set-up, the
-    allocator). ``mode``: 'train' or 'test'."""
+    """Fail fast on missing inputs, take the checkpoint ``--resume`` alone
+    resumes from (:func:`resume_latest`), prepare CPU runs (distributed
+    set-up, the allocator). ``mode``: 'train' or 'test'."""
     import torch
     check_config(cfg, mode=mode)
+    if mode == 'train':
+        resume_latest(cfg)
     setup_distributed(cfg, cfg.get('launcher', 'none'))
     if not torch.cuda.is_available():
         keep_freed_memory()
@@ -79,18 +98,28 @@ def build_runner(cfg: Config, mode: str):
 class _CheckedRunnerFactory:
     """Stands in for ``Runner`` and ``RUNNERS`` in the namespace of the tool we
     run (nowhere else): ``from_cfg`` / ``build`` call :func:`prepare_run` on the
-    final config, after the tool has applied its flags, then the original."""
+    final config, after the tool has applied its flags, and, for training,
+    take the work dir's lock in the main process (``lock_work_dir``, released
+    by :func:`run_tool` at the end) before the Runner writes anything there
+    (its config, its log folder); then the original."""
 
     def __init__(self, original, mode: str):
         self._original = original
         self._mode = mode
+        self.locked = []  # the work dirs this factory locked
+
+    def _prepare(self, cfg) -> None:
+        prepare_run(cfg, self._mode)
+        if self._mode == 'train' and launch_rank(cfg.get('launcher', 'none')) == 0:
+            if lock_work_dir(cfg.work_dir):
+                self.locked.append(cfg.work_dir)
 
     def from_cfg(self, cfg):
-        prepare_run(cfg, self._mode)
+        self._prepare(cfg)
         return self._original.from_cfg(cfg)
 
     def build(self, cfg, *args, **kwargs):
-        prepare_run(cfg, self._mode)
+        self._prepare(cfg)
         return self._original.build(cfg, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -141,12 +170,15 @@ def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
     spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    tool.Runner = _CheckedRunnerFactory(tool.Runner, mode)
-    tool.RUNNERS = _CheckedRunnerFactory(tool.RUNNERS, mode)
+    factories = [_CheckedRunnerFactory(tool.Runner, mode),
+                 _CheckedRunnerFactory(tool.RUNNERS, mode)]
+    tool.Runner, tool.RUNNERS = factories
     saved_argv = sys.argv
     sys.argv = [saved_argv[0]] + argv  # the tool's parse_args reads sys.argv
     try:
         tool.main()
     finally:
         sys.argv = saved_argv
+        for work_dir in factories[0].locked + factories[1].locked:
+            unlock_work_dir(work_dir)
     shutdown_distributed()

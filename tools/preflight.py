@@ -301,12 +301,13 @@ def _load_from_name(cfg, mode: str) -> str:
 
 
 def _latest_checkpoint(work_dir: str) -> Optional[str]:
-    """The checkpoint the Runner auto-resumes from (mmengine's
-    ``find_latest_checkpoint``: the path in ``<work_dir>/last_checkpoint``)."""
-    from mmengine.runner.checkpoint import find_latest_checkpoint
-    if _is_remote(work_dir) or not osp.isfile(osp.join(work_dir, 'last_checkpoint')):
+    """The checkpoint ``--resume`` alone resumes from (the path in
+    ``<work_dir>/last_checkpoint``, or the newest complete checkpoint where
+    that is missing or gone: ``checkpoint_to_resume``)."""
+    from moppa_mm.utils.checkpoints import checkpoint_to_resume
+    if _is_remote(work_dir):
         return None
-    return find_latest_checkpoint(work_dir)
+    return checkpoint_to_resume(work_dir)[0]
 
 
 def check_config(cfg, mode: str = 'train') -> None:

@@ -4,8 +4,11 @@
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
         [--auto-scale-lr] [--cfg-options k=v ...] [--launcher pytorch]
 
-Before the Runner is built it checks data and checkpoint paths and, without
-CUDA, sets up gloo for distributed runs (tools/launch.py).
+Before the Runner is built it checks data and checkpoint paths, finds what
+--resume alone resumes from (the newest complete checkpoint where
+last_checkpoint is missing or gone), takes the work dir's lock (a second run
+there stops with one line) and, without CUDA, sets up gloo for distributed
+runs (tools/launch.py).
 """
 from launch import run_tool  # tools/launch.py
 

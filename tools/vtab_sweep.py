@@ -79,11 +79,11 @@ def run_task(pretrain, task, work_dir, gpus, extra, method='moppa',
 def trainable_params(pretrain: str, method: str = 'moppa',
                      config_dir: str = CONFIG_DIR) -> float:
     """Trainable parameters (M), averaged over the 19 tasks' heads."""
-    from mmengine.config import Config
+    from moppa_mm.utils.config_files import read_config
     from mmengine.registry import init_default_scope
     from mmpretrain.registry import MODELS
     init_default_scope('mmpretrain')
-    cfg = Config.fromfile(method_config_path(method, pretrain, 'cifar', config_dir))
+    cfg = read_config(method_config_path(method, pretrain, 'cifar', config_dir))
     backbone = cfg.model.backbone
     (backbone.module if backbone.type == 'LoRAModel' else backbone).init_cfg = None
     model = MODELS.build(cfg.model)

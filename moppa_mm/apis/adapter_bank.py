@@ -20,11 +20,21 @@ bank loads the base once and keeps, per task, only what differs::
 * **Switching** copies the task's adapter tensors into the backbone's adapter
   parameters (megabytes) and assigns its modules as the model's children. No
   base tensor is read or written: not loaded, copied, or fingerprinted.
+* **While a task is active the model is the task.** What is done to the
+  model (``bank.runner(name, cfg).train()``, a fine-tuning of ``bank.use(name)``,
+  a ``load_state_dict``) is done to the task as a whole: its modules are the
+  model's children, trained in place, and the backbone's adapter tensors are
+  copied back into the task when the bank switches away from it. The runner
+  starts training from the task's weights (mmengine's ``init_weights``, which
+  would reset the adapters and the head, is not called) and refuses a base
+  with trainable parameters (every task shares it).
 * **Checks on** :meth:`AdapterBank.add`: the file loads with
   ``weights_only=True`` and holds no NaN / infinite value; its adapter record
   names the bank's architecture and adapter options and the fingerprint of
   the bank's base; a full checkpoint's base tensors equal the bank's; every
-  shape fits. A mismatch names the task, the key and both values.
+  shape fits. The record is read as the backbones' load reads it
+  (``check_adapter_record``: bounded, every field's type checked). A mismatch
+  names the task, the key and both values.
 """
 import copy
 import os.path as osp
@@ -39,9 +49,10 @@ from moppa_mm.models.backbones.adapter_state import (RECORD_KEY,
                                                      AdapterRecordMismatchError,
                                                      AdapterStateMixin,
                                                      PretrainedMismatchError,
-                                                     decode_record, full_state,
-                                                     is_adapter_key, is_adapter_record)
+                                                     check_adapter_record, full_state,
+                                                     is_adapter_key)
 from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file
+from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.params import few
 
 Checkpoint = Union[str, Mapping[str, Any]]
@@ -56,7 +67,7 @@ def _tensor_bytes(tensors) -> int:
 
 
 def _read_config(cfg: Union[str, Config]) -> Config:
-    return Config.fromfile(cfg) if isinstance(cfg, str) else cfg
+    return read_config(cfg) if isinstance(cfg, str) else cfg
 
 
 def build_model(cfg: Union[str, Config], backbone: Optional[dict] = None) -> nn.Module:
@@ -203,8 +214,9 @@ class AdapterBank:
         Raises:
             ValueError: ``name`` is in the bank already.
             NonFiniteCheckpointError: a NaN or infinite value.
-            AdapterRecordMismatchError: the record names other options, or
-                another base (or a full checkpoint holds another base).
+            AdapterRecordMismatchError: the record is absent, names other
+                options or another base (or a full checkpoint holds another
+                base); ``AdapterRecordError`` (a subclass): it cannot be read.
             PretrainedMismatchError: keys or shapes do not fit.
         """
         if name in self._tasks:
@@ -221,7 +233,8 @@ class AdapterBank:
             state = {k[len('module.'):]: v for k, v in state.items()}
         inside = f'{self.backbone_name}.'
         backbone_state = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
-        record = decode_record(backbone_state.pop(RECORD_KEY, None))
+        record = check_adapter_record(backbone_state.pop(RECORD_KEY, None),
+                                      f'{inside}{RECORD_KEY}', what)
         self._check_record(record, what)
         self._check_base(backbone_state, record, what)
         adapters = self._take_adapters(backbone_state, what)
@@ -238,11 +251,14 @@ class AdapterBank:
             self._active = None
 
     def use(self, name: str) -> nn.Module:
-        """Switch the model to task ``name`` and return it: the task's adapter
-        tensors are copied into the backbone's adapters, its modules become the
-        model's children (in the model's train / eval mode). No base tensor is
+        """Switch the model to task ``name`` and return it: the active task
+        first takes the model's adapters and modules back (what training did
+        to them is the task's), then task ``name``'s adapter tensors are copied
+        into the backbone's adapters and its modules become the model's
+        children (in the model's train / eval mode). No base tensor is
         touched."""
         task = self._task(name)
+        self._keep_active()
         device = self._device()
         if task.device != device:
             task.to(device)
@@ -255,33 +271,86 @@ class AdapterBank:
         self._active = name
         return self.model
 
+    def _keep_active(self) -> None:
+        """Copy the backbone's adapter tensors into the active task and take
+        the model's children as its modules: the task is what the model holds
+        now, trained or not."""
+        if self._active is None:
+            return
+        task = self._tasks[self._active]
+        device = self._device()
+        if task.device != device:  # the model moved while the task was active
+            task.to(device)
+        with torch.no_grad():
+            torch._foreach_copy_(list(task.adapters.values()),
+                                 list(self._adapter_slots.values()))
+        task.modules = OrderedDict((child, getattr(self.model, child))
+                                   for child in task.modules)
+
+    def _refuse_trainable_base(self, name: str) -> None:
+        trainable = [k for k, v in self._base.items()
+                     if isinstance(v, nn.Parameter) and v.requires_grad]
+        if trainable:
+            raise ValueError(
+                f'AdapterBank: training task {name!r} would change the base every task '
+                f'shares: {len(trainable)} base parameters are trainable: '
+                f'{_few(self.backbone_name + "." + k for k in trainable)}; freeze them '
+                '(the adapters and the modules around the backbone are the task\'s)')
+
     def runner(self, name: str, cfg: Union[str, Config]):
         """mmengine's ``Runner.from_cfg(cfg)`` on the bank's model switched to
         task ``name``: ``cfg.model`` is neither built nor loaded (it stays in
         the dumped config). Without ``cfg.work_dir``: ``work_dirs/<config
-        name>``, as the tools choose it."""
+        name>``, as the tools choose it. Its ``train()``, ``val()`` and
+        ``test()`` switch the bank to task ``name`` first; ``train()``
+        fine-tunes it from the task's weights (no ``init_weights``), and the
+        bank's task ``name`` is then the trained one, adapters and modules
+        (see :meth:`use`)."""
         from mmengine.runner import Runner
         cfg = copy.deepcopy(_read_config(cfg))
-        if cfg.get('load_from'):
-            raise ValueError(
-                f'cfg.load_from = {cfg.load_from!r}: the Runner would load it into the '
-                f'bank\'s model, over task {name!r}; unset it (the bank holds the weights)')
+        for key, loads in (('load_from', 'it'), ('resume', "the work_dir's last checkpoint")):
+            if cfg.get(key):
+                raise ValueError(
+                    f'cfg.{key} = {cfg[key]!r}: the Runner would load {loads} into the '
+                    f'bank\'s model, over task {name!r}; unset it (the bank holds the '
+                    'weights)')
         if cfg.get('work_dir') is None:
             stem = osp.splitext(osp.basename(cfg.filename))[0] if cfg.filename else name
             cfg.work_dir = osp.join('./work_dirs', stem)
         model = self.use(name)
+        bank = self
 
         class BankRunner(Runner):
-            """A Runner on the bank's model, built already."""
+            """A Runner on the bank's model, built already, for task ``name``:
+            each run switches the bank back to it first."""
 
             def build_model(self, _model_cfg) -> nn.Module:
                 return model
+
+            def train(self) -> nn.Module:
+                bank.use(name)
+                bank._refuse_trainable_base(name)
+                return super().train()
+
+            def val(self) -> dict:
+                bank.use(name)
+                return super().val()
+
+            def test(self) -> dict:
+                bank.use(name)
+                return super().test()
+
+            def _init_model_weights(self) -> None:
+                """Nothing to initialise: ``init_weights`` would reset the
+                task's adapters and head."""
+                self.logger.info(f'AdapterBank: training task {name!r} from its weights '
+                                 '(init_weights not called)')
 
         return BankRunner.from_cfg(cfg)
 
     # ------------------------------------------------------------- checks
     def _check_record(self, record: Optional[Dict[str, Any]], what: str) -> None:
-        if not is_adapter_record(record):
+        if record is None:
             raise AdapterRecordMismatchError(
                 f'{what} has no adapter record of a {type(self.backbone).__name__} '
                 f'(key {self.backbone_name}.{RECORD_KEY}): not a checkpoint of a MoPPA '
@@ -291,7 +360,7 @@ class AdapterBank:
         if mismatches:
             raise AdapterRecordMismatchError(
                 f'{what} was built with other options than the bank\'s model; '
-                f'{len(mismatches)} differ:\n  ' + '\n  '.join(mismatches))
+                f'{len(mismatches)} differ:\n  ' + few(mismatches, 20, sep='\n  '))
 
     def _check_base(self, backbone_state: Dict[str, torch.Tensor],
                     record: Dict[str, Any], what: str) -> None:

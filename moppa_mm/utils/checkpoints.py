@@ -23,10 +23,11 @@ import copyreg
 import os
 import os.path as osp
 import pickle
+import re
 import struct
 import zipfile
 from collections import OrderedDict
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -298,7 +299,19 @@ def _decode_ndarray(item: dict) -> np.ndarray:
     return array.astype(np.dtype(item['dtype'])).reshape(item['shape'])
 
 
-def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
+def _plain_key(key: Any) -> bool:
+    """Whether a dict key loads with ``weights_only=True`` as it is."""
+    if isinstance(key, tuple):
+        return all(_plain_key(item) for item in key)
+    return isinstance(key, (str, int, float, type(None)))
+
+
+def _type_name(obj: Any) -> str:
+    return f'{type(obj).__module__}.{type(obj).__qualname__}'
+
+
+def to_plain(obj: Any, where: str = 'checkpoint',
+             left_out: Optional[List[Tuple[str, str]]] = None) -> Any:
     """A copy of ``obj`` that ``torch.load(weights_only=True)`` reads: numpy
     arrays and scalars and mmengine's ``HistoryBuffer`` become tagged dicts;
     containers (dicts, lists, tuples) are rebuilt, tensors and other plain
@@ -306,13 +319,19 @@ def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
     loader that never decodes (mmpretrain's ``get_model``, mmdet's
     ``init_detector`` reading ``meta['dataset_meta']``) sees it as saved.
 
+    Any other object (a function, a class instance, a numpy object array, a
+    dict key of such a type) cannot be stored so. With ``left_out`` (a list)
+    it is left out: a dict drops the entry, a list or tuple holds ``None`` in
+    its place, and ``(where it was, its type)`` is appended to ``left_out``.
+
     Raises:
-        TypeError: for any other object, naming where it is.
+        TypeError: without ``left_out``, for such an object, naming where it is.
     """
     from mmengine.logging import HistoryBuffer
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in 'biufcUS':
         return _encode_ndarray(obj)
-    if isinstance(obj, np.generic):  # before the leaves: np.float64 is a float
+    if isinstance(obj, np.generic) and obj.dtype.kind in 'biufcUS':
+        # before the leaves: np.float64 is a float
         return {_TAG: 'npscalar', 'value': _encode_ndarray(np.asarray(obj))}
     if isinstance(obj, _PLAIN_LEAVES):
         return obj
@@ -323,17 +342,29 @@ def to_plain(obj: Any, where: str = 'checkpoint') -> Any:
     if isinstance(obj, dict):
         plain = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for key, value in obj.items():
-            if not isinstance(key, (str, int)):
-                raise TypeError(f'{where}: key {key!r} of type {type(key).__name__} '
-                                'cannot be saved as a plain checkpoint')
-            plain[key] = to_plain(value, f'{where}[{key!r}]')
+            if not _plain_key(key):
+                _unstorable(key, f'{where}: the key {key!r}', left_out)
+                continue
+            item = to_plain(value, f'{where}[{key!r}]', left_out)
+            if item is not _LEFT_OUT:
+                plain[key] = item
         return plain
-    if isinstance(obj, list):
-        return [to_plain(v, f'{where}[{i}]') for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return tuple(to_plain(v, f'{where}[{i}]') for i, v in enumerate(obj))
-    raise TypeError(f'{where} holds a {type(obj).__module__}.{type(obj).__name__}, '
-                    'which torch.load(weights_only=True) cannot read')
+    if isinstance(obj, (list, tuple)):
+        items = [to_plain(v, f'{where}[{i}]', left_out) for i, v in enumerate(obj)]
+        items = [None if item is _LEFT_OUT else item for item in items]
+        return items if isinstance(obj, list) else tuple(items)
+    return _unstorable(obj, where, left_out)
+
+
+_LEFT_OUT = object()  # what to_plain returns in place of what it leaves out
+
+
+def _unstorable(obj: Any, where: str, left_out: Optional[list]) -> Any:
+    if left_out is None:
+        raise TypeError(f'{where} holds a {_type_name(obj)}, which '
+                        'torch.load(weights_only=True) cannot read')
+    left_out.append((where, _type_name(obj)))
+    return _LEFT_OUT
 
 
 def from_plain(obj: Any) -> Any:
@@ -397,3 +428,57 @@ def allow_runner_checkpoints() -> None:
     from mmengine.logging import HistoryBuffer
     copyreg.pickle(HistoryBuffer, _reduce_history_buffer)
     torch.serialization.add_safe_globals(runner_checkpoint_types())
+
+
+# ------------------------------------------------------ what --resume takes
+# the names mmengine's CheckpointHook gives interval checkpoints (its default
+# filename_tmpl), the number being the epoch or iteration
+_INTERVAL_CHECKPOINT = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
+
+
+def complete_checkpoints(folder: str) -> List[str]:
+    """The interval checkpoints (``epoch_N.pth``, ``iter_N.pth``) of ``folder``
+    that are whole PyTorch zip archives (a file cut short by a kill while it
+    was written is not), oldest first: by number, then modification time."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = _INTERVAL_CHECKPOINT.match(name)
+        path = osp.join(folder, name)
+        if match and osp.isfile(path) and _is_whole_checkpoint(path):
+            found.append((int(match.group(1)), osp.getmtime(path), path))
+    return [path for _, _, path in sorted(found)]
+
+
+def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
+    """What ``--resume`` without a file resumes from, for a local work dir:
+    the checkpoint ``<work_dir>/last_checkpoint`` names (mmengine's
+    ``find_latest_checkpoint``) or, when that file is missing or names a file
+    that is gone, the newest complete one of the work dir
+    (:func:`complete_checkpoints`): a run killed after a checkpoint's rename
+    but before ``last_checkpoint`` was written, or a work dir copied without
+    it, goes on from its last checkpoint instead of starting over.
+
+    Returns:
+        ``(path, note)``: ``path`` is None where there is nothing to resume
+        (mmengine then trains from scratch), and is the named, missing file
+        where no complete checkpoint replaces it (the loader then says it is
+        missing); ``note`` is a line saying which checkpoint was taken
+        instead of ``last_checkpoint``'s, empty where it was followed.
+    """
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    named = None
+    if osp.isfile(pointer):
+        with open(pointer) as f:
+            named = f.read().strip() or None
+    if named is not None and ('://' in named or osp.isfile(named)):
+        return named, ''
+    found = complete_checkpoints(work_dir)
+    if not found:
+        return named, ''
+    why = f'{pointer} names {named!r}, which is gone' if named else f'no {pointer}'
+    return found[-1], (f'--resume: {why}; resuming from the newest complete '
+                       f'checkpoint in the work dir, {found[-1]}')

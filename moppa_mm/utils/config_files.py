@@ -8,17 +8,27 @@ mmengine's ``Config.fromfile`` then copies the tree node by node (``ConfigDict``
 thousands of levels deep ends in a bare ``RecursionError``. The check below
 walks the file's YAML events (linear in the file, no recursion, nothing
 built) and refuses, naming the file, a document whose expansion exceeds
-``MAX_YAML_NODES`` nodes or ``MAX_YAML_DEPTH`` levels; the YAML ``_base_``
-files it names are checked the same way.
+``MAX_YAML_NODES`` nodes or ``MAX_YAML_DEPTH`` levels; a JSON file's brackets
+are counted the same way (depth only: JSON has no aliases). The ``_base_``
+files a config names are checked the same way, whatever the formats: a YAML
+or JSON file's ``_base_`` as loaded, a Python config's as the literal of its
+``_base_ = ...`` line (read with ``ast``, nothing of it runs; mmengine reads
+the same line).
 """
+import ast
+import json
 import os.path as osp
-from typing import Optional, Set
+import re
+from typing import Any, List, Optional, Set
 
 import yaml
 
 MAX_YAML_NODES = 1_000_000
 MAX_YAML_DEPTH = 500
 YAML_SUFFIXES = ('.yml', '.yaml')
+CONFIG_SUFFIXES = ('.py', '.json') + YAML_SUFFIXES
+# a JSON string (skipped whole) or one bracket
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\\n]|\\.)*"|[\[\]{}]')
 
 _SafeLoader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
 
@@ -80,29 +90,93 @@ def _scan_yaml(path: str, max_nodes: int, max_depth: int) -> None:
                                   f'{error.start})') from None
 
 
+def _scan_json(path: str, max_depth: int) -> None:
+    """Refuse a JSON file nested more than ``max_depth`` levels (linear, no
+    recursion: Python's parser recurses once per level)."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    depth = 0
+    for token in _JSON_TOKENS.finditer(data):
+        bracket = token.group()
+        if bracket in (b'[', b'{'):
+            depth += 1
+            if depth > max_depth:
+                line = data.count(b'\n', 0, token.start()) + 1
+                raise ConfigFileError(f'{path}: refused: nested more than {max_depth} '
+                                      f'levels deep (line {line})')
+        elif bracket in (b']', b'}'):
+            depth -= 1
+
+
+def _python_bases(path: str) -> Any:
+    """The literal value of a Python config's first ``_base_ = ...`` line (the
+    one mmengine reads); None when there is none or it is not a literal."""
+    try:
+        with open(path, 'rb') as f:
+            tree = ast.parse(f.read())
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # mmengine names the file when it parses it
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == '_base_'):
+            try:
+                return ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                return None
+    return None
+
+
+def _data_bases(path: str, suffix: str) -> Any:
+    """The ``_base_`` of a YAML or JSON config, once it is within bounds."""
+    with open(path, 'rb') as f:
+        try:
+            content = json.load(f) if suffix == '.json' else yaml.load(f, Loader=_SafeLoader)
+        except (ValueError, yaml.YAMLError, RecursionError):
+            return None  # invalid, or a tag of mmengine's full loader: mmengine reads it
+    return content.get('_base_') if isinstance(content, dict) else None
+
+
+def _local_files(bases: Any) -> List[str]:
+    """The ``_base_`` entries that name files (``'pkg::path'`` names an
+    installed package's config)."""
+    bases = [bases] if isinstance(bases, str) else bases
+    return [base for base in bases if isinstance(base, str) and '::' not in base] \
+        if isinstance(bases, list) else []
+
+
 def check_config_file(path: str, max_nodes: int = MAX_YAML_NODES,
                       max_depth: int = MAX_YAML_DEPTH,
                       _seen: Optional[Set[str]] = None) -> None:
-    """Refuse, naming the file, a YAML config (or a YAML ``_base_`` it names,
-    relative to it) whose alias expansion or nesting is out of bounds. Other
-    files pass (Python configs are code, run as such by mmengine)."""
-    if not path.lower().endswith(YAML_SUFFIXES) or not osp.isfile(path):
+    """Refuse, naming the file, a config whose YAML alias expansion or whose
+    nesting (YAML, JSON) is out of bounds, or one with a ``_base_`` file
+    (relative to it, of any format, at any level) that is. A Python config is
+    code, run as such by mmengine: only its ``_base_`` line is read."""
+    suffix = osp.splitext(path)[1].lower()
+    if suffix not in CONFIG_SUFFIXES or not osp.isfile(path):
         return
     seen = set() if _seen is None else _seen
     real = osp.realpath(path)
     if real in seen:
         return
     seen.add(real)
-    _scan_yaml(path, max_nodes, max_depth)
-    with open(path, 'rb') as f:  # within bounds now: cheap to build
-        try:
-            content = yaml.load(f, Loader=_SafeLoader)
-        except yaml.YAMLError:
-            return  # a tag of mmengine's full loader: mmengine reads it
-    bases = content.get('_base_') if isinstance(content, dict) else None
-    if isinstance(bases, str):
-        bases = [bases]
-    for base in bases if isinstance(bases, list) else []:
-        if isinstance(base, str) and '::' not in base:
-            check_config_file(osp.join(osp.dirname(path), base), max_nodes, max_depth,
-                              seen)
+    if suffix in YAML_SUFFIXES:
+        _scan_yaml(path, max_nodes, max_depth)
+    elif suffix == '.json':
+        _scan_json(path, max_depth)
+    # within bounds now: cheap to build
+    bases = _python_bases(path) if suffix == '.py' else _data_bases(path, suffix)
+    for base in _local_files(bases):
+        check_config_file(osp.join(osp.dirname(path), base), max_nodes, max_depth, seen)
+
+
+def read_config(path: str):
+    """``mmengine.config.Config.fromfile`` after :func:`check_config_file`; a
+    file nested too deeply for mmengine's parsers is named instead of a bare
+    ``RecursionError``. Every tool of ours reads a user's config file with it."""
+    from mmengine.config import Config
+    check_config_file(path)
+    try:
+        return Config.fromfile(path)
+    except RecursionError:
+        raise ValueError(f'{path}: nested too deeply to parse; not a config '
+                         'file') from None

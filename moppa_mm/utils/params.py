@@ -2,7 +2,7 @@
 table, and the short lists of names that messages show."""
 import fnmatch
 from collections import OrderedDict
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -17,6 +17,13 @@ def few(items: Iterable, shown: int = 5, sep: str = ', ') -> str:
     items = [str(item) for item in items]
     more = f'{sep}... ({len(items)} in all)' if len(items) > shown else ''
     return sep.join(items[:shown]) + more
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message quotes a value
+    read from a user's file, never all of it."""
+    text = repr(value[:2 * limit] if isinstance(value, str) else value)
+    return text if len(text) <= limit else f'{text[:limit]}...'
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:

@@ -256,3 +256,123 @@ def test_a_runner_on_the_switched_model(tasks, tmp_path):
     with pytest.raises(ValueError, match=r"cfg.load_from = '.*three.pth': the Runner would "
                        r"load it into the bank's model, over task 'three'"):
         bank.runner('three', cfg)
+
+
+def image_folders(root, classes, per_class=2):
+    """A folder per class of random 32 px images: mmpretrain's CustomDataset
+    without an annotation file."""
+    import cv2
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for label in range(classes):
+        os.makedirs(root / f'class{label}')
+        for index in range(per_class):
+            image = rng.integers(0, 255, (32, 32, 3)).astype(np.uint8)
+            cv2.imwrite(str(root / f'class{label}' / f'{index}.png'), image)
+    return str(root)
+
+
+def training_cfg(task, data_root, work_dir, iters=3):
+    cfg = copy.deepcopy(task['cfg'])
+    cfg.merge_from_dict(dict(
+        work_dir=str(work_dir),
+        train_dataloader=dict(
+            batch_size=2, num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            dataset=dict(type='CustomDataset', data_root=data_root,
+                         pipeline=[dict(type='LoadImageFromFile'), dict(type='PackInputs')])),
+        train_cfg=dict(by_epoch=False, max_iters=iters),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.5)),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', by_epoch=False,
+                                           interval=iters),
+                           logger=dict(type='LoggerHook', interval=1))))
+    return cfg
+
+
+def state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_state_dict_equal(got, expected):
+    assert got.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_runner_trains_the_task_as_a_whole(tasks, tmp_path):
+    """``bank.runner(name, cfg).train()`` starts from the task's weights (not
+    mmengine's init) and leaves the bank's task the trained one, head and
+    adapters: after switching away and back the model equals the checkpoint
+    the Runner saved; the other task is untouched and the base unwritten."""
+    from mmengine.hooks import Hook
+
+    class FirstIteration(Hook):
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            if runner.iter == 0:
+                self.start = state(runner.model)
+
+    bank = AdapterBank.from_config(tasks['five']['cfg'])
+    bank.add('five', tasks['five']['checkpoint'])
+    bank.add('three', tasks['three']['checkpoint'], cfg=tasks['three']['cfg'])
+    before = base_state(bank)
+    cfg = training_cfg(tasks['three'], image_folders(tmp_path / 'data', 3), tmp_path / 'work')
+    runner = bank.runner('three', cfg)
+    probe = FirstIteration()
+    runner.register_hook(probe)
+    bank.use('five')  # the Runner is task three's: it switches back
+    runner.train()
+    assert bank.active == 'three' and bank.model.head.num_classes == 3
+    untrained = torch.load(tasks['three']['checkpoint'], weights_only=True)['state_dict']
+    assert_state_dict_equal(probe.start, untrained)  # trained from the task's weights
+    saved = torch.load(str(tmp_path / 'work' / 'iter_3.pth'),
+                       weights_only=True)['state_dict']
+    moved = {k for k in saved if not torch.equal(saved[k], untrained[k])}
+    assert 'head.layers.head.weight' in moved
+    assert any(is_adapter_key(k[len('backbone.'):]) for k in moved)
+    for name in ['five', 'three', 'five']:  # five: its checkpoint's outputs
+        model = bank.use(name)
+        if name == 'five':
+            torch.testing.assert_close(outputs(model.eval()), outputs(tasks['five']['model']),
+                                       rtol=0, atol=0)
+    assert_state_dict_equal(bank.use('three').state_dict(), saved)
+    assert_state_dict_equal(bank.use('three').state_dict(), saved)  # use twice: no revert
+    assert base_state(bank) == before
+
+
+def test_a_fine_tuning_outside_the_bank_is_the_tasks(tasks):
+    """A training step on ``bank.use(name)`` by hand: after a switch away and
+    back the task holds the stepped adapters and head together."""
+    bank = AdapterBank.from_config(tasks['five']['cfg'])
+    bank.add('five', tasks['five']['checkpoint'])
+    bank.add('seven', tasks['seven']['checkpoint'], cfg=tasks['seven']['cfg'])
+    model = bank.use('seven').train()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    loss = model(IMAGE, mode='tensor').square().mean()
+    loss.backward()
+    optimizer.step()
+    stepped = state(model)
+    untrained = torch.load(tasks['seven']['checkpoint'], weights_only=True)['state_dict']
+    moved = {k for k in stepped if not torch.equal(stepped[k], untrained[k])}
+    assert 'head.layers.head.weight' in moved
+    assert any(is_adapter_key(k[len('backbone.'):]) for k in moved)
+    bank.use('five')
+    assert_state_dict_equal(bank.model.state_dict(),
+                            torch.load(tasks['five']['checkpoint'],
+                                       weights_only=True)['state_dict'])
+    assert_state_dict_equal(bank.use('seven').state_dict(), stepped)
+
+
+def test_a_runner_refuses_what_would_overwrite_the_task(tasks, tmp_path):
+    bank = AdapterBank.from_config(tasks['five']['cfg'])
+    bank.add('three', tasks['three']['checkpoint'], cfg=tasks['three']['cfg'])
+    cfg = training_cfg(tasks['three'], image_folders(tmp_path / 'data', 3), tmp_path)
+    cfg.resume = True
+    with pytest.raises(ValueError, match=r"cfg.resume = True: the Runner would load the "
+                       r"work_dir's last checkpoint into the bank's model, over task 'three'"):
+        bank.runner('three', cfg)
+    cfg.resume = False
+    bank.backbone.layers[0].ln1.weight.requires_grad_(True)  # an unfrozen base
+    with pytest.raises(ValueError, match=r"training task 'three' would change the base every "
+                       r'task shares: 1 base parameters are trainable: '
+                       r'backbone.layers.0.ln1.weight'):
+        bank.runner('three', cfg).train()

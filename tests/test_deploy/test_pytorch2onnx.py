@@ -102,7 +102,7 @@ def test_a_wrong_graph_is_refused(vit, tmp_path, monkeypatch):
     output = str(tmp_path / 'wrong.onnx')
     with pytest.raises(SystemExit, match=r'onnxruntime and PyTorch differ by up to '
                        r'[0-9.e+-]+ .*above the tolerance 0.0001: the torchscript exporter '
-                       'gave a wrong graph; .*wrong.onnx deleted'):
+                       r'gave a wrong graph \(try --exporter dynamo\); .*wrong.onnx deleted$'):
         tool.main([config, checkpoint, '--output-file', output, '--exporter',
                    'torchscript', '--no-merge', '--verify'])
     assert not osp.exists(output)
@@ -129,9 +129,6 @@ def test_what_the_tool_refuses(vit, tmp_path, monkeypatch):
     torch.save({'state_dict': {}, 'args': tmp_path}, unsafe)  # a pickled Python object
     with pytest.raises(SystemExit, match='loading it could run code'):
         tool.main([config, unsafe, *output])
-    with pytest.raises(SystemExit, match=r'merged for its reference grid \(4, 4\), got an '
-                       r'input on the grid \(6, 6\)'):
-        tool.main([config, checkpoint, '--shape', '48', '48', *output])
     with pytest.raises(tool.ExportError, match=r"moppa_scope='global'.*export the "
                        'adapters unmerged with --no-merge'):
         tool.merge(build(dict(SWIN, moppa_scope='global'), 'mmdet'))
@@ -144,11 +141,11 @@ def test_what_the_tool_refuses(vit, tmp_path, monkeypatch):
     tool.check_installed('torchscript', verify=False)
 
 
-def run_tool(*args):
+def run_tool(*args, returncode=0):
     result = subprocess.run([PYTHON, TOOL, *args], capture_output=True, text=True,
                             cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    assert result.returncode == returncode, result.stderr[-3000:]
+    return result.stdout if returncode == 0 else result.stderr
 
 
 def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
@@ -172,7 +169,8 @@ def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
     output = str(tmp_path / 'out' / 'vit.onnx')
     stdout = run_tool(config, checkpoint, '--output-file', output, '--verify')
     assert 'logits (logits) of (batch, 3, 32, 32) images, merged adapters, dynamo ' \
-        'exporter, opset 18' in stdout
+        'exporter, opset 18 (read from the file)' in stdout
+    assert file_opset(output) == [18]
     assert 'verified: onnxruntime (CPU) matches PyTorch at batch sizes (1, 3)' in stdout
     session = onnxruntime.InferenceSession(output, providers=['CPUExecutionProvider'])
     images = torch.randn(5, 3, 32, 32)
@@ -197,7 +195,115 @@ def test_the_cli_exports_a_detectors_swin_backbone(tmp_path):
         torch.save({'state_dict': detector.state_dict()}, checkpoint)
     output = str(tmp_path / 'backbone.onnx')
     stdout = run_tool(config, checkpoint, '--output-file', output, '--shape', '64', '96',
-                      '--exporter', 'torchscript', '--verify')
+                      '--exporter', 'torchscript', '--opset', '11', '--verify')
     assert 'backbone features (feat0, feat1) of (batch, 3, 64, 96) images, merged ' \
-        'adapters, torchscript exporter' in stdout
+        'adapters, torchscript exporter, opset 11 (read from the file)' in stdout
+    assert file_opset(output) == [11]  # the Swin's lowest (the ViT's is 14)
     assert 'verified' in stdout
+
+
+def file_opset(path):
+    """The default domain's opset, as onnx reads it from the file."""
+    return [o.version for o in onnx.load(path).opset_import if o.domain in ('', 'ai.onnx')]
+
+
+def test_bad_shapes_and_opsets_are_refused_before_export(vit, tmp_path, capsys):
+    """One line each, and nothing written: a file already at the output path
+    stays as it was."""
+    config, checkpoint = classifier_files(vit, tmp_path)
+    output = tmp_path / 'model.onnx'
+    output.write_text('an earlier export')
+    refused = {
+        ('--shape', '0', '0'): r'--shape 0 0: the height and width must be positive$',
+        ('--shape', '-32', '32'): r'--shape -32 32: the height and width must be positive$',
+        ('--shape', '48', '48'): r'--shape 48 48: the model refuses a \(batch, 3, 48, 48\) '
+                                 r'input: ValueError: .*merged for its reference grid '
+                                 r'\(4, 4\), got an input on the grid \(6, 6\)',
+        ('--opset', '7'): r'--opset 7: the dynamo exporter writes opsets 18 to 23 for a '
+                          r'MoPPAVisionTransformer \(torch 2\.',
+        ('--opset', '24'): r'--opset 24: the dynamo exporter writes opsets 18 to 23',
+        ('--opset', '13', '--exporter', 'torchscript'):
+            r'--opset 13: the torchscript exporter writes opsets 14 to 20 for a '
+            'MoPPAVisionTransformer',
+        ('--opset', '21', '--exporter', 'torchscript'):
+            r'--opset 21: the torchscript exporter writes opsets 14 to 20',
+    }
+    for args, message in refused.items():
+        with pytest.raises(SystemExit, match=r'^pytorch2onnx.py: ' + message) as error:
+            tool.main([config, checkpoint, '--output-file', str(output), *args])
+        assert '\n' not in str(error.value.code), args
+    # a wrong count of sizes: argparse's usage error
+    for args, message in [(['--shape', '32'], 'argument --shape: expected 2 arguments'),
+                          (['--shape', '32', '32', '32'], 'unrecognized arguments: 32')]:
+        with pytest.raises(SystemExit) as error:
+            tool.main([config, checkpoint, '--output-file', str(output), *args])
+        assert error.value.code == 2 and message in capsys.readouterr().err
+    assert output.read_text() == 'an earlier export'
+    # as a user runs it: one line on stderr, no traceback, exit status 1
+    stderr = run_tool(config, checkpoint, '--output-file', str(output), '--shape', '0', '0',
+                      returncode=1)
+    assert stderr.splitlines()[-1] == 'pytorch2onnx.py: --shape 0 0: the height and ' \
+        'width must be positive'
+    assert 'Traceback' not in stderr
+
+
+def test_the_opset_reported_is_the_files(vit, tmp_path, capsys, monkeypatch):
+    config, checkpoint = classifier_files(vit, tmp_path)
+    output = str(tmp_path / 'model.onnx')
+    tool.main([config, checkpoint, '--output-file', output, '--exporter', 'torchscript',
+               '--opset', '17'])
+    assert 'torchscript exporter, opset 17 (read from the file)' in capsys.readouterr().out
+    assert file_opset(output) == [17]
+    # an exporter that writes another opset than the one asked for (the
+    # dynamo exporter below 18: its version conversion gives up): refused
+    monkeypatch.setattr(tool, 'lowest_opset', lambda exporter, backbone: 7)
+    with pytest.raises(SystemExit, match=r'--opset 7 asked, the dynamo exporter wrote '
+                       r'opset 18; .*model.onnx deleted$'):
+        tool.main([config, checkpoint, '--output-file', output, '--opset', '7'])
+    assert not osp.exists(output)
+
+
+class TwoOutputs(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, images):
+        logits = self.module(images)
+        return logits, logits + 1
+
+
+@pytest.mark.parametrize('fault', ['outputs', 'onnxruntime'])
+def test_a_graph_that_fails_verify_is_deleted(vit, tmp_path, monkeypatch, fault):
+    """A graph with another number of outputs than PyTorch's, and one that
+    onnxruntime cannot load (an operator it does not know, written past
+    onnx.checker): the reason, the file deleted, a non-zero exit."""
+    config, checkpoint = classifier_files(vit, tmp_path)
+    output = str(tmp_path / 'model.onnx')
+    if fault == 'outputs':
+        real_export_module, built = tool.export_module, []
+
+        def two_outputs(model, cfg):  # the second call gives what is exported
+            module, names = real_export_module(model, cfg)
+            built.append(module)
+            return (module, names) if len(built) == 1 else (TwoOutputs(module),
+                                                            [*names, 'again'])
+
+        monkeypatch.setattr(tool, 'export_module', two_outputs)
+        message = r'the graph gives 2 outputs, PyTorch 1; .*model.onnx deleted$'
+    else:
+        real_export_onnx = tool.export_onnx
+
+        def unknown_operator(module, path, *args):
+            real_export_onnx(module, path, *args)
+            model = onnx.load(path)
+            model.graph.node[0].op_type = 'NoSuchOperator'
+            onnx.save(model, path)
+
+        monkeypatch.setattr(tool, 'export_onnx', unknown_operator)
+        message = (r'onnxruntime cannot load the graph \(\w+: .*NoSuchOperator.*\); '
+                   r'.*model.onnx deleted$')
+    with pytest.raises(SystemExit, match=r'^pytorch2onnx.py: ' + message) as error:
+        tool.main([config, checkpoint, '--output-file', output, '--verify'])
+    assert '\n' not in str(error.value.code)
+    assert not osp.exists(output)

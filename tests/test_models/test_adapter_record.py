@@ -5,8 +5,9 @@ them. The base comes from the config when the model is built; a load only
 compares the checkpoint's record (options, base fingerprint) with the model,
 and never opens the base file (or URL) the record names."""
 import copy
+import json
 import os
-import os.path as osp
+import re
 import socket
 
 import pytest
@@ -16,7 +17,8 @@ from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
 from moppa_mm.models import MoPPAConfig, full_state, read_adapter_record
-from moppa_mm.models.backbones.adapter_state import encode_record
+from moppa_mm.models.backbones.adapter_state import (MAX_RECORD_BYTES, AdapterRecordError,
+                                                     encode_record)
 from moppa_mm.models.backbones.adapter_mixin import (AdapterRecordMismatchError,
                                                      PretrainedMismatchError)
 from tests.conftest import DEMO_CONFIG, logged_messages
@@ -392,17 +394,8 @@ def test_old_identity_checkpoint_without_a_record_is_refused(trained_classifier,
                        r"does not have: .*layers.0.moppa.gate.*init_mode='identity'"):
         load_checkpoint(build(classifier_cfg(trained_classifier['pretrained'])), path,
                         map_location='cpu')
+    cfg['backbone']['strict_adapter_record'] = False  # no record: options unchecked
     load_checkpoint(build(cfg), path, map_location='cpu')  # with its options it loads
-
-
-def test_old_checkpoint_without_a_record_still_loads(trained_classifier, tmp_path):
-    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
-    del checkpoint['state_dict']['backbone._extra_state']
-    path = str(tmp_path / 'old.pth')
-    torch.save(checkpoint, path)
-    model = build(classifier_cfg(trained_classifier['pretrained']))
-    load_checkpoint(model, path, map_location='cpu')
-    assert osp.isfile(path) and os.path.getsize(path) > 0
 
 
 def test_new_task_from_adapters_with_the_override(trained_classifier):
@@ -449,3 +442,194 @@ def test_an_adapter_checkpoint_for_a_plain_model_is_refused(trained_classifier):
     with pytest.raises(ValueError, match=r"MoPPA adapter checkpoint.*no MoPPA\s+backbone"
                        r"|MoPPA adapter checkpoint.*no MoPPA backbone"):
         check_config(cfg, mode='test')
+
+
+# ------------------------------------------- records that cannot be read
+def with_record(checkpoint_path, tmp_path, value, name='damaged.pth'):
+    """A copy of the adapter checkpoint whose record key holds ``value``, or
+    none (``value`` None), written with torch.save as a checkpoint is."""
+    checkpoint = torch.load(checkpoint_path, weights_only=True)
+    state = checkpoint['state_dict']
+    if value is None:
+        del state['backbone._extra_state']
+    else:
+        state['backbone._extra_state'] = value
+    path = str(tmp_path / name)
+    torch.save(checkpoint, path)
+    return path
+
+
+def utf8(data: bytes) -> torch.Tensor:
+    """Bytes as a record's state-dict value is stored (uint8)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def nested(levels: int):
+    return [nested(levels - 1)] if levels else []
+
+
+# damage -> (the record value, given the valid record; what the message says)
+DAMAGED_RECORDS = {
+    'truncated JSON': (lambda r: utf8(json.dumps(r).encode()[:60]),
+                       r'is not valid JSON \([^)]*: line 1 column \d+\)'),
+    'not UTF-8': (lambda r: utf8(b'\xff' + json.dumps(r).encode()),
+                  r'is not UTF-8 text \(invalid start byte at byte 0\)'),
+    'another format version': (lambda r: encode_record({**r, 'format': 'moppa_mm.adapter/2'}),
+                               r"has format 'moppa_mm.adapter/2'; this version of moppa_mm "
+                               r"reads 'moppa_mm.adapter/1'"),
+    'no format': (lambda r: encode_record({k: v for k, v in r.items() if k != 'format'}),
+                  r"has no 'format' field"),
+    'a JSON list': (lambda r: utf8(b'[1, 2]'), 'is a JSON list, not an object'),
+    'a float tensor': (lambda r: torch.zeros(3), r'is a torch.float32 tensor of shape \(3,\), '
+                       'not a 1-D uint8 tensor of UTF-8 JSON'),
+    'base a string': (lambda r: encode_record({**r, 'base': 'vit_base.pth'}),
+                      r"field 'base' is str 'vit_base.pth', not dict or null"),
+    'fingerprint a number': (
+        lambda r: encode_record({**r, 'base': {**r['base'], 'fingerprint': 5}}),
+        r"field 'base.fingerprint' is int 5, not str"),
+    'no fingerprint': (lambda r: encode_record({**r, 'base': {'checkpoint': 'x.pth'}}),
+                       r"lacks the field 'base.fingerprint'"),
+    'options a list': (lambda r: encode_record({**r, 'moppa_cfg': [1]}),
+                       r"field 'moppa_cfg' is list \[1\], not dict or null"),
+    'no base field': (lambda r: encode_record({k: v for k, v in r.items() if k != 'base'}),
+                      r"lacks the field\(s\) \['base'\]"),
+    # deeper than Python's parser recurses: json raises RecursionError
+    'nested 100,000 deep': (lambda r: utf8(b'{"a": ' + b'[' * 100_000 + b']' * 100_000 + b'}'),
+                            'is nested more than 16 levels deep'),
+    'nested 20 deep': (lambda r: encode_record({**r, 'arch': {'depths': nested(20)}}),
+                       'is nested more than 16 levels deep'),
+    # 2 MiB (a 60 MB one once made a message of 63 million characters)
+    'too large': (lambda r: encode_record({**r, 'arch': {'name': 'x' * (2 << 20)}}),
+                  rf'is 2,0\d\d,\d\d\d bytes, more than the {MAX_RECORD_BYTES:,} a record '
+                  'may take'),
+}
+
+
+@pytest.mark.parametrize('damage', sorted(DAMAGED_RECORDS))
+def test_a_record_that_cannot_be_read_stops_unless_the_override(trained_classifier,
+                                                                tmp_path, damage):
+    """A damaged record used to load as a record-less file with a warning (in
+    a model of other options: NaN logits, top-1 0.0, exit 0). It stops,
+    naming the key and what is wrong, in one bounded message; the adapter
+    bank refuses the same file with the same words (one validation); the
+    override loads it with a warning."""
+    make, problem = DAMAGED_RECORDS[damage]
+    valid = read_adapter_record(torch.load(trained_classifier['checkpoint'], weights_only=True))
+    path = with_record(trained_classifier['checkpoint'], tmp_path, make(valid))
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    with pytest.raises(AdapterRecordError) as error:
+        load_checkpoint(model, path, map_location='cpu')
+    message = str(error.value)
+    assert re.search(r"MoPPAVisionTransformer: the checkpoint: its adapter record \(key "
+                     rf"'backbone._extra_state'\) {problem}.*\. To load it anyway, .*"
+                     r'model.backbone.strict_adapter_record=False\.$', message), message
+    assert len(message) < 1000, len(message)
+
+    from moppa_mm import AdapterBank
+    bank = AdapterBank(build(classifier_cfg(trained_classifier['pretrained'])))
+    with pytest.raises(AdapterRecordError, match=rf"task 'damaged' \(.*damaged.pth\): its "
+                       rf"adapter record \(key 'backbone._extra_state'\) {problem}"):
+        bank.add('damaged', path)
+    assert bank.names() == []
+
+    model = build(classifier_cfg(trained_classifier['pretrained'],
+                                 strict_adapter_record=False))
+    with logged_messages() as messages:
+        load_checkpoint(model, path, map_location='cpu')
+    warnings = [m for m in messages if 'adapter record' in m]
+    assert len(warnings) == 1 and re.search(problem, warnings[0]), warnings
+    assert warnings[0].endswith('(strict_adapter_record=False: loading anyway)')
+    image = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(image, mode='tensor'),
+                               trained_classifier['model'].eval()(image, mode='tensor'))
+
+
+def test_a_checkpoint_without_a_record_stops_unless_the_override(trained_classifier,
+                                                                 tmp_path):
+    """Without a record the options and the base cannot be checked (on another
+    base such a file once loaded silently: top-1 16.7); it stops, naming the
+    key and the override, which loads it with a warning."""
+    path = with_record(trained_classifier['checkpoint'], tmp_path, None, 'old.pth')
+    other = str(tmp_path / 'other_base.pth')
+    state = torch.load(trained_classifier['pretrained'], weights_only=True)
+    state['state_dict']['backbone.layers.0.ln1.weight'] += 1
+    torch.save(state, other)
+    for base in (trained_classifier['pretrained'], other):
+        with pytest.raises(AdapterRecordMismatchError,
+                           match=r"(?s)the adapter checkpoint has no adapter record \(key "
+                           r"'backbone._extra_state'.*cannot be checked.*set "
+                           r'model.backbone.strict_adapter_record=False\.$'):
+            load_checkpoint(build(classifier_cfg(base)), path, map_location='cpu')
+    model = build(classifier_cfg(trained_classifier['pretrained'],
+                                 strict_adapter_record=False))
+    with logged_messages() as messages:
+        load_checkpoint(model, path, map_location='cpu')
+    assert [m for m in messages if 'has no adapter record' in m
+            and m.endswith('(strict_adapter_record=False: loading anyway)')], messages
+    image = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(model.eval()(image, mode='tensor'),
+                               trained_classifier['model'].eval()(image, mode='tensor'))
+
+
+def test_a_record_less_checkpoint_gets_every_check_its_tensors_allow(trained_classifier,
+                                                                     tmp_path):
+    """Under the override too: NaN, shapes, the model's adapters, and a base in
+    the model for an adapter-only file still stop."""
+    from moppa_mm.utils.checkpoints import NonFiniteCheckpointError
+    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+    del checkpoint['state_dict']['backbone._extra_state']
+    adapter = 'backbone.layers.1.moppa.source_channel'
+    faults = {
+        'nan': ({adapter: checkpoint['state_dict'][adapter] * float('nan')},
+                NonFiniteCheckpointError, rf'{adapter[len("backbone."):]} \(\d+ of'),
+        'shape': ({adapter: checkpoint['state_dict'][adapter].repeat(2)},
+                  PretrainedMismatchError, 'do not fit the model'),
+        'an adapter missing': ({adapter: None}, PretrainedMismatchError,
+                               r"lacks 1 of the model's \d+ adapter parameters"),
+    }
+    cfg = classifier_cfg(trained_classifier['pretrained'], strict_adapter_record=False)
+    for name, (change, error, match) in faults.items():
+        state = dict(checkpoint['state_dict'])
+        state.update(change)
+        state = {k: v for k, v in state.items() if v is not None}
+        path = str(tmp_path / f'{name}.pth')
+        torch.save({'state_dict': state}, path)
+        with pytest.raises(error, match=match):
+            load_checkpoint(build(cfg), path, map_location='cpu')
+    path = with_record(trained_classifier['checkpoint'], tmp_path, None, 'old.pth')
+    with pytest.raises(PretrainedMismatchError, match='is adapter-only.*no pre-trained base'):
+        load_checkpoint(build(classifier_cfg(strict_adapter_record=False)), path,
+                        map_location='cpu')
+
+
+def test_an_adapter_only_checkpoint_recording_no_base_stops(trained_classifier, tmp_path):
+    """A record with ``base: null`` (adapters trained on a backbone as built)
+    gives the fingerprint nothing to compare: into a model with a base it
+    stops."""
+    valid = read_adapter_record(torch.load(trained_classifier['checkpoint'], weights_only=True))
+    path = with_record(trained_classifier['checkpoint'], tmp_path,
+                       encode_record({**valid, 'base': None}))
+    with pytest.raises(AdapterRecordMismatchError, match=r"records no pre-trained base .*"
+                       r"but the model's base is '.*vit_base.pth'"):
+        load_checkpoint(build(classifier_cfg(trained_classifier['pretrained'])), path,
+                        map_location='cpu')
+    load_checkpoint(build(classifier_cfg(trained_classifier['pretrained'],
+                                         strict_adapter_record=False)), path,
+                    map_location='cpu')
+
+
+def test_a_readable_record_of_many_or_long_values_gives_a_short_message(
+        trained_classifier, tmp_path):
+    """Within the size bound, a record can still differ in thousands of keys
+    or hold long strings: the message lists 20 and cuts each value."""
+    valid = read_adapter_record(torch.load(trained_classifier['checkpoint'], weights_only=True))
+    record = {**valid, 'arch': {**valid['arch'], 'a_name': 'x' * 500_000,
+                                **{f'extra_{i}': i for i in range(20_000)}}}
+    path = with_record(trained_classifier['checkpoint'], tmp_path, encode_record(record))
+    with pytest.raises(AdapterRecordMismatchError) as error:
+        load_checkpoint(build(classifier_cfg(trained_classifier['pretrained'])), path,
+                        map_location='cpu')
+    message = str(error.value)
+    assert 'other options than this model; 20001 differ' in message, message[:500]
+    assert "arch.a_name: 'xxxx" in message and '... (20001 in all)' in message
+    assert len(message) < 5000, len(message)

@@ -1,9 +1,12 @@
 """Bad checkpoints stop before the first iteration, naming the file and what
 to do: NaN / infinite weights or optimizer state (every path that loads
-weights), a release not converted for the config, a missing ``--resume`` file.
+weights), an adapter record that cannot be read, a release not converted for
+the config, a missing ``--resume`` file.
 Run on the classification demo (generated VTAB-1K task, MAE-format ViT)."""
+import glob
 import importlib.util
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -11,7 +14,9 @@ from launch import load_config, run_tool  # tools/
 from mmengine.runner import load_checkpoint
 
 from moppa_mm.demo_cls import prepare_cls_demo
+from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
+from moppa_mm.models.backbones.adapter_state import AdapterRecordError, encode_record
 from moppa_mm.models.converters import SourceFormatError, convert, save_backbone
 from moppa_mm.utils.checkpoints import CheckpointLoadError, NonFiniteCheckpointError
 from tests.conftest import REPO
@@ -117,6 +122,34 @@ def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
     moppa_key = in_demo['moppa_key'][len('backbone.'):]
     with pytest.raises(NonFiniteCheckpointError, match=rf'{moppa_key} \(1 of '):
         load_checkpoint(model, 'nan_adapter.pth')  # what the Runner calls
+
+
+def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in_demo):
+    """A user's ``tools/test.py`` on an adapter checkpoint whose record is of
+    another format version (once: loaded unchecked, exit 0): it stops naming
+    the key and the override; with the override on the command line it tests,
+    and the log says what was not checked. mmengine's loader (the Runner's)
+    meets the same check."""
+    model = build_model(load_config(CONFIG))  # the base loads at build
+    state = model.state_dict()
+    record = read_adapter_record(state)
+    assert record['base']['fingerprint']  # an adapter-only checkpoint
+    state['backbone._extra_state'] = encode_record({**record, 'format': 'moppa_mm.adapter/0'})
+    torch.save({'state_dict': state}, 'other_format.pth')
+    problem = (r"MoPPAVisionTransformer: the checkpoint: its adapter record \(key "
+               r"'backbone._extra_state'\) has format 'moppa_mm.adapter/0'; this version "
+               r"of moppa_mm reads 'moppa_mm.adapter/1'")
+    with pytest.raises(AdapterRecordError, match=rf'{problem}.*strict_adapter_record=False'):
+        run_tool('test', [CONFIG, 'other_format.pth', '--work-dir', 'refused'])
+    with pytest.raises(AdapterRecordError, match=problem):
+        load_checkpoint(build_model(load_config(CONFIG)), 'other_format.pth')
+    run_tool('test', [CONFIG, 'other_format.pth', '--work-dir', 'tested', '--cfg-options',
+                      'model.backbone.strict_adapter_record=False'])
+    logs = glob.glob('tested/*/*.log')
+    assert len(logs) == 1, logs
+    log = open(logs[0]).read()
+    assert re.search(rf'{problem}.*\(strict_adapter_record=False: loading anyway\)', log)
+    assert 'accuracy/top1' in log
 
 
 def test_publish_refuses_nan_checkpoint(in_demo):

@@ -1,7 +1,9 @@
 """Durability through the real tools: a kill while a checkpoint is written
-(every config family), two runs in one work dir."""
+(every config family) or before last_checkpoint names it, two runs in one
+work dir."""
 import os
 import os.path as osp
+import re
 import signal
 import socket
 import subprocess
@@ -11,10 +13,12 @@ import pytest
 import torch
 from launch import load_config  # tools/
 
-from tests.conftest import PYTHON, REPO, child_env
+from tests.conftest import PYTHON, REPO, child_env, dump_cfg
 from tests.test_configs.test_every_config_runs import (  # noqa: F401  fixture
     generated, shrink_classifier, shrink_detector)
 
+MMPRETRAIN_TRAIN = osp.join(osp.dirname(__import__('mmpretrain').__file__),
+                            '.mim/tools/train.py')
 FAMILIES = {
     'vtab1k': 'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-dtd.py',
     'fgvc': 'configs/fgvc/moppa_vit-b-p16_in21k-pre_fgvc-cub.py',
@@ -85,36 +89,106 @@ def test_kill_while_saving_leaves_a_checkpoint_to_resume(
         assert osp.basename(f.read().strip()) == 'epoch_3.pth'
 
 
+def upstream_train(config, work_dir, *extra):
+    """mmpretrain's own tools/train.py (the config imports moppa_mm)."""
+    return subprocess.run(
+        [PYTHON, MMPRETRAIN_TRAIN, config, '--work-dir', str(work_dir), *extra],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+
+
+def refusal_line(result):
+    """The one line a refused run prints (no traceback)."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert 'Traceback' not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if 'is in use by another' in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith('WorkDirLock: the work dir'), lines[0]
+    return lines[0]
+
+
 def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
         generated, tmp_path):  # noqa: F811  the imported fixture
-    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=1)
-    config = osp.join(tmp_path, 'tiny.py')
-    cfg.dump(config)
+    """The lock is the work-dir folder's: deleting its file does not lift it.
+    Our tools refuse before the Runner writes anything (config, log folder);
+    mmpretrain's own tools before the Runner writes its config, one line too."""
+    work_dir = tmp_path / 'work'
+    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, work_dir, max_epochs=1)
+    config = dump_cfg(cfg, tmp_path / 'tiny.py')
+    second_config = osp.join(tmp_path, 'second', 'run.py')  # the first's name
+    os.makedirs(osp.dirname(second_config))
+    cfg.optim_wrapper.optimizer.lr *= 2  # another run: another config text
+    dump_cfg(cfg, second_config)
     cfg.custom_imports.imports = list(cfg.custom_imports.imports) + [
         'tests.test_tools.hold_run']
     cfg.custom_hooks = list(cfg.custom_hooks) + [dict(type='HoldHook')]
-    held_config = osp.join(tmp_path, 'held.py')
-    cfg.dump(held_config)
+    os.makedirs(tmp_path / 'first')
+    held_config = dump_cfg(cfg, tmp_path / 'first' / 'run.py')
     first = subprocess.Popen(
-        [PYTHON, 'tools/train.py', held_config, '--work-dir', str(tmp_path)],
+        [PYTHON, 'tools/train.py', held_config, '--work-dir', str(work_dir)],
         cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 300
-        while not osp.exists(osp.join(tmp_path, 'held')):
+        while not osp.exists(osp.join(work_dir, 'held')):
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.5)
-        second = train(config, tmp_path)
-        assert second.returncode != 0
-        assert f'is in use by another training run (pid {first.pid} on host ' \
-               f'{socket.gethostname()}' in second.stderr, second.stderr[-3000:]
-        assert not osp.exists(osp.join(tmp_path, 'epoch_1.pth'))  # nothing written
+        before = sorted(os.listdir(work_dir))
+        with open(osp.join(work_dir, 'run.py')) as f:
+            first_dump = f.read()
+
+        line = refusal_line(train(second_config, work_dir))
+        assert f'another training run (pid {first.pid} on host {socket.gethostname()}' \
+            in line, line
+        assert sorted(os.listdir(work_dir)) == before  # no log folder, no config
+        with open(osp.join(work_dir, 'run.py')) as f:
+            assert f.read() == first_dump
+
+        # mmpretrain's own tool: the config's WorkDirLockRunner refuses before
+        # it writes its config (its log folder is made); the record deleted,
+        # the folder's lock holds
+        os.remove(osp.join(work_dir, '.moppa_train.lock'))
+        line = refusal_line(upstream_train(second_config, work_dir))
+        assert 'its record .moppa_train.lock was deleted' in line, line
+        with open(osp.join(work_dir, 'run.py')) as f:
+            assert f.read() == first_dump
+        assert not osp.exists(osp.join(work_dir, 'epoch_1.pth'))  # nothing trained
     finally:
         first.kill()
         first.wait()
     # the killed run leaves no lock behind
-    third = train(config, tmp_path)
+    third = train(config, work_dir)
     assert third.returncode == 0, third.stderr[-3000:]
-    assert osp.isfile(osp.join(tmp_path, 'epoch_1.pth'))
+    assert osp.isfile(osp.join(work_dir, 'epoch_1.pth'))
+
+
+@pytest.mark.parametrize('tool', ['ours', 'mmpretrain'])
+def test_resume_finds_the_checkpoint_last_checkpoint_does_not_name(
+        generated, tmp_path, tool):  # noqa: F811  the imported fixture
+    """Killed after epoch_1.pth was renamed into place, before the first
+    last_checkpoint was written: --resume goes on from epoch 1, under our
+    tools and mmpretrain's own (the checkpoint hook's before_run)."""
+    cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=2)
+    config = dump_cfg(cfg, tmp_path / 'tiny.py')
+    cfg.custom_imports.imports = list(cfg.custom_imports.imports) + [
+        'tests.test_tools.kill_in_write']
+    env = child_env()
+    env['MOPPA_KILL_IN_WRITE'] = 'last_checkpoint'
+    killed = train(dump_cfg(cfg, tmp_path / 'killed.py'), tmp_path, env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not osp.exists(osp.join(tmp_path, 'last_checkpoint'))
+    first = osp.join(tmp_path, 'epoch_1.pth')
+    assert torch.load(first, weights_only=True)['meta']['epoch'] == 1
+
+    resume = train if tool == 'ours' else upstream_train
+    resumed = resume(config, tmp_path, '--resume')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    note = (f'--resume: no {tmp_path}/last_checkpoint; resuming from the newest '
+            f'complete checkpoint in the work dir, {first}')
+    assert log.count(note) == 1, log[-3000:]
+    assert not re.search(r'Epoch\(train\) +\[1\]', log), log[-3000:]  # not retrained
+    assert re.search(r'Epoch\(train\) +\[2\]', log), log[-3000:]
+    with open(osp.join(tmp_path, 'last_checkpoint')) as f:
+        assert osp.basename(f.read().strip()) == 'epoch_2.pth'
 
 
 def test_resume_with_a_changed_config_names_what_the_checkpoint_overrides(

@@ -12,7 +12,8 @@ from mmengine.logging import HistoryBuffer
 
 from moppa_mm.models.converters import convert
 from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError, NonFiniteCheckpointError,
-                                        from_plain, load_checkpoint_file, to_plain)
+                                        checkpoint_to_resume, from_plain, load_checkpoint_file,
+                                        to_plain)
 from tests.conftest import PYTHON, REPO, child_env
 
 
@@ -130,6 +131,53 @@ def test_plain_containers_round_trip(tmp_path):
     assert loaded['meta']['names'].tolist() == ['x', 'yz']
     with pytest.raises(TypeError, match=r"checkpoint\['bad'\]"):
         to_plain({'bad': object()})
+
+
+def test_to_plain_leaves_out_what_it_cannot_store_and_names_it(tmp_path):
+    state = {'lr': 0.1, 'anneal': np.cos, 'hooks': [1, object(), (2, print)],
+             ('group', 0): torch.ones(2), object: 'a class as a key',
+             'stamps': np.array(['2026-01-01'], dtype='datetime64[D]')}
+    with pytest.raises(TypeError, match=r"checkpoint\['anneal'\] holds a numpy.ufunc"):
+        to_plain(state)
+    left_out = []
+    plain = to_plain(state, left_out=left_out)
+    assert left_out == [("checkpoint['anneal']", 'numpy.ufunc'),
+                        ("checkpoint['hooks'][1]", 'builtins.object'),
+                        ("checkpoint['hooks'][2][1]", 'builtins.builtin_function_or_method'),
+                        ("checkpoint: the key <class 'object'>", 'builtins.type'),
+                        ("checkpoint['stamps']", 'numpy.ndarray')]
+    torch.save(plain, tmp_path / 'plain.pth')
+    loaded = torch.load(tmp_path / 'plain.pth', weights_only=True)
+    assert set(loaded) == {'lr', 'hooks', ('group', 0)}
+    assert loaded['hooks'] == [1, None, (2, None)]
+
+
+def save_whole(path, epoch):
+    torch.save({'meta': {'epoch': epoch}, 'state_dict': {'w': torch.ones(3)}}, path)
+
+
+def test_resume_takes_the_newest_complete_checkpoint_where_last_checkpoint_fails(tmp_path):
+    pointer = tmp_path / 'last_checkpoint'
+    assert checkpoint_to_resume(str(tmp_path)) == (None, '')  # nothing: from scratch
+    for epoch in (1, 2, 10):
+        save_whole(tmp_path / f'epoch_{epoch}.pth', epoch)
+    data = (tmp_path / 'epoch_10.pth').read_bytes()
+    (tmp_path / 'epoch_11.pth').write_bytes(data[:len(data) // 2])  # cut short
+    save_whole(tmp_path / 'best_acc_epoch_12.pth', 12)  # not an interval checkpoint
+    newest = str(tmp_path / 'epoch_10.pth')  # by number, not by name
+
+    assert checkpoint_to_resume(str(tmp_path)) == (
+        newest, f'--resume: no {pointer}; resuming from the newest complete checkpoint '
+                f'in the work dir, {newest}')
+    pointer.write_text(str(tmp_path / 'epoch_12.pth'))  # gone
+    assert checkpoint_to_resume(str(tmp_path)) == (
+        newest, f"--resume: {pointer} names '{tmp_path}/epoch_12.pth', which is gone; "
+                f'resuming from the newest complete checkpoint in the work dir, {newest}')
+    pointer.write_text(str(tmp_path / 'epoch_2.pth'))  # there: followed
+    assert checkpoint_to_resume(str(tmp_path)) == (str(tmp_path / 'epoch_2.pth'), '')
+    for epoch in (1, 2, 10):  # gone, and nothing complete replaces it: the loader says so
+        os.remove(tmp_path / f'epoch_{epoch}.pth')
+    assert checkpoint_to_resume(str(tmp_path)) == (str(tmp_path / 'epoch_2.pth'), '')
 
 
 @pytest.mark.parametrize('seed', range(4))

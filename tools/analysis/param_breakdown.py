@@ -8,12 +8,14 @@ The model is built as training builds it (the MoPPA backbones freeze themselves)
 without loading any checkpoint.
 """
 import argparse
+import sys
 
-from mmengine.config import Config, DictAction
+from mmengine.config import DictAction
 from mmengine.registry import init_default_scope
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.engine.hooks.peft_freeze_hook import DEFAULT_COMPONENTS
+from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.params import parameter_table
 
 
@@ -45,7 +47,10 @@ def main():
     parser.add_argument('config')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args()
-    cfg = Config.fromfile(args.config)
+    try:
+        cfg = read_config(args.config)
+    except ValueError as error:  # a config out of bounds, named
+        sys.exit(f'param_breakdown.py: {error}')
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     model = build_model(cfg)

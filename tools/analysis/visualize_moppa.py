@@ -13,12 +13,13 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 import torch.nn as nn
-from mmengine.config import Config
+
 from mmengine.registry import MODELS, init_default_scope
 
 import moppa_mm  # noqa: F401  registries (the config's model)
 from moppa_mm.operators import EXPERTS, MoPPAUnit, dct2d
 from moppa_mm.utils.checkpoints import load_checkpoint_file
+from moppa_mm.utils.config_files import read_config
 
 # the frequency-indexed parameters, (Hr, Wr, N) each, and what the paper calls them
 FREQUENCY_MAPS = (('heat_coef', 'k (heat)'), ('wave_coef', 'c (wave)'),
@@ -184,7 +185,10 @@ def main():
     for path, what in ((args.config, 'config'), (args.checkpoint, 'checkpoint')):
         if not osp.isfile(path):
             raise FileNotFoundError(f'{what} file not found: {path!r}')
-    cfg = Config.fromfile(args.config)
+    try:
+        cfg = read_config(args.config)
+    except ValueError as error:  # a config out of bounds, named
+        raise SystemExit(f'visualize_moppa.py: {error}') from None
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = MODELS.build(cfg.model)  # no init_weights: only MoPPA tensors are drawn
     checkpoint = load_checkpoint_file(args.checkpoint)  # safe; NaN / inf refused

@@ -26,8 +26,18 @@ dynamo=True)`` through ``torch.export``) or ``torchscript`` (the older
 tracer, ``dynamo=False``); both give the same graph up to float rounding.
 ``--verify`` runs the graph in onnxruntime (CPU) on random images at batch
 sizes other than the export's and compares it with the PyTorch model as
-loaded (unmerged): above ``--atol`` (max absolute difference, 1e-4 by
-default) it deletes the file and exits with an error.
+loaded (unmerged).
+
+Refused before any export, in one line: a ``--shape`` that is not positive or
+that the model refuses (a merged ViT at another size than its ``img_size``;
+a size the patch or window does not divide is padded by the model, as in
+PyTorch), an ``--opset`` outside what the exporter writes for the backbone
+(:func:`lowest_opset`, :func:`highest_opset`). The opset reported is the one
+read back from the written file. A file whose opset is not the one asked for,
+that the exporter or ``onnx.checker`` fails on, or that fails ``--verify``
+(another number or shape of outputs, an onnxruntime error, a max absolute
+difference above ``--atol``, 1e-4 by default) is deleted, and the tool exits
+with the reason.
 
 Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime): ``pip install -e .[deploy]``.
 """
@@ -41,15 +51,16 @@ from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+from torch.onnx import _constants as torch_onnx_limits
 
 import moppa_mm  # registries
 from moppa_mm.models.backbones.adapter_state import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.config_files import read_config
 
 TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
     sys.path.append(TOOLS)
-from launch import read_config  # noqa: E402  tools/launch.py
 from preflight import _check_adapter_checkpoint_fits  # noqa: E402
 
 EXPORTERS = ('dynamo', 'torchscript')
@@ -63,6 +74,61 @@ CLASSIFIER_SHAPE = (224, 224)  # when the backbone names no img_size
 
 class ExportError(RuntimeError):
     """An export the tool refuses or a graph that does not match PyTorch."""
+
+
+def lowest_opset(exporter: str, backbone_type: str) -> int:
+    """The lowest opset ``exporter`` writes for the backbone, measured on the
+    MoPPA ViT and Swin, merged and unmerged: below 18 the dynamo exporter's
+    version conversion gives up (the file keeps opset 18); the TorchScript
+    exporter has the ViT's ``scaled_dot_product_attention`` from opset 14 and
+    the Swin's window padding (a Pad of computed sizes) from 11."""
+    if exporter == 'dynamo':
+        return 18
+    return 11 if 'Swin' in backbone_type else 14
+
+
+def highest_opset(exporter: str) -> int:
+    """The highest opset the installed torch's ``exporter`` supports."""
+    return torch_onnx_limits.ONNX_MAX_OPSET if exporter == 'dynamo' else \
+        torch_onnx_limits.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+
+
+def check_arguments(args, cfg) -> None:
+    """Refuse a non-positive ``--shape`` and an ``--opset`` the exporter does
+    not write for the config's backbone, before the model is built."""
+    if args.shape is not None and min(args.shape) < 1:
+        raise ExportError(f'--shape {args.shape[0]} {args.shape[1]}: the height and width '
+                          'must be positive')
+    backbone = str(cfg.model.get('backbone', {}).get('type', ''))
+    lowest, highest = lowest_opset(args.exporter, backbone), highest_opset(args.exporter)
+    if not lowest <= args.opset <= highest:
+        raise ExportError(f'--opset {args.opset}: the {args.exporter} exporter writes opsets '
+                          f'{lowest} to {highest} for a {backbone} (torch {torch.__version__})')
+
+
+def check_shape(module: nn.Module, shape: Sequence[int]) -> None:
+    """Run ``module`` once on a (1, 3, H, W) batch: what the model refuses (a
+    merged unit on another grid) is named here rather than inside an
+    exporter."""
+    try:
+        with torch.no_grad():
+            module(torch.zeros(1, 3, *shape))
+    except (RuntimeError, ValueError, AssertionError) as error:
+        raise ExportError(f'--shape {shape[0]} {shape[1]}: the model refuses a (batch, 3, '
+                          f'{shape[0]}, {shape[1]}) input: {first_line(error)}') from None
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f'{type(error).__name__}: {lines[0] if lines else ""}'
+
+
+def written_opset(output_file: str) -> int:
+    """The default-domain opset of the ONNX file (its ``opset_import``)."""
+    import onnx
+    model = onnx.load(output_file, load_external_data=False)
+    return next(entry.version for entry in model.opset_import
+                if entry.domain in ('', 'ai.onnx'))
 
 
 def check_installed(exporter: str, verify: bool) -> None:
@@ -109,18 +175,21 @@ def build_model(cfg) -> nn.Module:
     return MODELS.build(copy.deepcopy(cfg.model))
 
 
-def load_model(config: str, checkpoint: str) -> Tuple[nn.Module, object]:
-    """``(model, cfg)``: the config's model with the checkpoint loaded (every
-    key: ``strict``), in eval mode."""
-    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+def load_config(config: str):
     if not osp.isfile(config):
         raise FileNotFoundError(f'config file not found: {config!r}')
-    cfg = read_config(config)
+    return read_config(config)
+
+
+def load_model(cfg, checkpoint: str) -> nn.Module:
+    """The config's model with the checkpoint loaded (every key:
+    ``strict``), in eval mode."""
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
     state = load_checkpoint_file(checkpoint, what='checkpoint', mmap=True)
     _check_adapter_checkpoint_fits(cfg, 'CHECKPOINT', checkpoint, state)
     model = build_model(cfg)
     _load_checkpoint_to_model(model, state, strict=True)
-    return model.eval(), cfg
+    return model.eval()
 
 
 def export_module(model: nn.Module, cfg) -> Tuple[nn.Module, List[str]]:
@@ -181,22 +250,30 @@ def verify_onnx(output_file: str, reference: nn.Module, shape: Sequence[int],
     ``batches``."""
     import onnxruntime
     reference.eval()
-    session = onnxruntime.InferenceSession(output_file, providers=['CPUExecutionProvider'])
+    try:
+        session = onnxruntime.InferenceSession(output_file,
+                                               providers=['CPUExecutionProvider'])
+    except Exception as error:  # onnxruntime's own exception types
+        raise ExportError(f'onnxruntime cannot load the graph ({first_line(error)})') from None
     generator = torch.Generator().manual_seed(seed)
     worst = 0.0
     for batch in batches:
         images = torch.randn(batch, 3, *shape, generator=generator)
-        outputs = session.run(None, {'input': images.numpy()})
+        try:
+            outputs = session.run(None, {'input': images.numpy()})
+        except Exception as error:
+            raise ExportError(f'onnxruntime fails on a batch of {batch} '
+                              f'({first_line(error)})') from None
         with torch.no_grad():
             expected = reference(images)
         expected = expected if isinstance(expected, (tuple, list)) else (expected, )
         if len(outputs) != len(expected):
-            raise ExportError(f'{output_file}: {len(outputs)} outputs, PyTorch gives '
+            raise ExportError(f'the graph gives {len(outputs)} outputs, PyTorch '
                               f'{len(expected)}')
         for got, want in zip(outputs, expected):
             if tuple(got.shape) != tuple(want.shape):
-                raise ExportError(f'{output_file}: an output of shape {tuple(got.shape)} '
-                                  f'at batch {batch}, PyTorch gives {tuple(want.shape)}')
+                raise ExportError(f'the graph gives an output of shape {tuple(got.shape)} '
+                                  f'at batch {batch}, PyTorch {tuple(want.shape)}')
             worst = max(worst, float((torch.from_numpy(got) - want).abs().max()))
     return worst
 
@@ -238,33 +315,51 @@ def main(argv=None) -> None:
 
 
 def run(args) -> None:
+    cfg = load_config(args.config)
+    check_arguments(args, cfg)
     check_installed(args.exporter, args.verify)
-    model, cfg = load_model(args.config, args.checkpoint)
+    model = load_model(cfg, args.checkpoint)
     reference = export_module(copy.deepcopy(model), cfg)[0] if args.verify else None
     if not args.no_merge:
         merge(model)
     module, output_names = export_module(model, cfg)
     shape = tuple(args.shape) if args.shape else default_shape(cfg)
-    with torch.no_grad():  # what the model refuses (a merged unit on another grid),
-        module(torch.zeros(1, 3, *shape))  # named here rather than inside an exporter
+    check_shape(module, shape)
     os.makedirs(osp.dirname(osp.abspath(args.output_file)), exist_ok=True)
+    try:
+        export_and_verify(args, module, output_names, reference, shape, cfg)
+    except Exception as error:  # no graph is left that failed a check
+        reason = str(error) if isinstance(error, ExportError) else first_line(error)
+        if osp.exists(args.output_file):
+            os.remove(args.output_file)
+            reason += f'; {args.output_file} deleted'
+        raise ExportError(reason) from None
+
+
+def export_and_verify(args, module: nn.Module, output_names: Sequence[str],
+                      reference, shape: Sequence[int], cfg) -> None:
+    """Export, read the opset back, and with ``--verify`` compare with
+    PyTorch; raises on the first failure."""
     export_onnx(module, args.output_file, shape, output_names, args.exporter, args.opset)
+    opset = written_opset(args.output_file)
+    if opset != args.opset:
+        raise ExportError(f'--opset {args.opset} asked, the {args.exporter} exporter wrote '
+                          f'opset {opset}')
     what = 'logits' if cfg.default_scope == 'mmpretrain' else 'backbone features'
     print(f'{args.output_file}: {what} ({", ".join(output_names)}) of (batch, 3, '
           f'{shape[0]}, {shape[1]}) images, {"unmerged" if args.no_merge else "merged"} '
-          f'adapters, {args.exporter} exporter, opset {args.opset}; inputs as the data '
-          f'preprocessor gives them ({describe_preprocessor(cfg)})')
+          f'adapters, {args.exporter} exporter, opset {opset} (read from the file); '
+          f'inputs as the data preprocessor gives them ({describe_preprocessor(cfg)})')
     if reference is None:
         return
     difference = verify_onnx(args.output_file, reference, shape)
     if not difference <= args.atol:  # NaN fails too
-        os.remove(args.output_file)
+        other = [e for e in EXPORTERS if e != args.exporter][0]
         raise ExportError(
             f'onnxruntime and PyTorch differ by up to {difference:.3g} (max absolute '
             f'difference at batch sizes {VERIFY_BATCHES}), above the tolerance '
-            f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph; '
-            f'{args.output_file} deleted. Try --exporter '
-            f'{[e for e in EXPORTERS if e != args.exporter][0]}')
+            f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph (try '
+            f'--exporter {other})')
     print(f'verified: onnxruntime (CPU) matches PyTorch at batch sizes {VERIFY_BATCHES}, '
           f'max absolute difference {difference:.2e} (tolerance {args.atol:g})')
 

@@ -34,7 +34,8 @@ import torch
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models import full_state
 from moppa_mm.utils.atomic import atomic_write
-from moppa_mm.utils.checkpoints import load_checkpoint_file
+from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.config_files import read_config
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
 DROPPED_META = ('rng_state', )
@@ -51,7 +52,7 @@ def merged_state_dict(checkpoint: dict, config: str = None,
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
     if config is not None:
-        cfg = Config.fromfile(config)
+        cfg = read_config(config)
     elif 'cfg' in checkpoint.get('meta', {}):
         cfg = Config.fromstring(checkpoint['meta']['cfg'], file_format='.py')
     else:
@@ -106,7 +107,7 @@ def main():
     try:
         final_file = publish(args.in_file, args.out_file, args.merge_base, args.config,
                              args.merge)
-    except OSError as error:
+    except (OSError, ValueError, KeyError, CheckpointLoadError) as error:  # bad inputs, named
         sys.exit(f'publish_model.py: {error}')
     size = osp.getsize(final_file) / 2**20
     print(f'{final_file} ({size:.1f} MiB)')

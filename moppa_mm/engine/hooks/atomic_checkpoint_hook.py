@@ -10,6 +10,12 @@ written to a hidden temporary file, flushed, fsynced and renamed
 (:mod:`moppa_mm.utils.atomic`); ``last_checkpoint`` is replaced the same way
 after the rename; and an old checkpoint (beyond ``max_keep_ckpts``, or the
 previous best) is deleted only once the new one is complete.
+
+A kill between a checkpoint's rename and the write of ``last_checkpoint``
+(or a work dir copied without that file) leaves a complete checkpoint that
+``last_checkpoint`` does not name: ``--resume`` without a file takes the newest
+complete checkpoint of the work dir there, under any tool
+(:func:`~moppa_mm.utils.checkpoints.checkpoint_to_resume`), and says so.
 """
 import os.path as osp
 
@@ -19,6 +25,7 @@ from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from moppa_mm.utils.atomic import atomic_write, remove_stale_partials
+from moppa_mm.utils.checkpoints import checkpoint_to_resume
 
 ATOMIC_BACKEND = 'moppa_atomic_local'
 
@@ -47,6 +54,20 @@ class AtomicCheckpointHook(CheckpointHook):
         return self.file_client_args is None and isinstance(
             get_file_backend(self.out_dir, backend_args=self.backend_args),
             LocalBackend)
+
+    def before_run(self, runner) -> None:
+        """``--resume`` without a file (``resume=True``, no ``load_from``):
+        where ``last_checkpoint`` is missing or names a file that is gone,
+        resume from the newest complete checkpoint (before the Runner's
+        ``load_or_resume``, which would otherwise train from scratch or stop)."""
+        if not getattr(runner, '_resume', False) or runner._load_from is not None:
+            return
+        if not isinstance(get_file_backend(runner.work_dir), LocalBackend):
+            return
+        path, note = checkpoint_to_resume(runner.work_dir)
+        if note:
+            runner.logger.warning(note)
+            runner._load_from = path
 
     def before_train(self, runner) -> None:
         super().before_train(runner)

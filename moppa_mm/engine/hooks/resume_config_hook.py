@@ -14,7 +14,9 @@ loaded into objects they do not belong to.
 
 The stored config is read as data (literals and ``dict(...)`` calls of its
 top-level assignments, see :func:`config_values`), never executed: a
-checkpoint is a user file.
+checkpoint is a user file. A stored config that cannot be read (not Python,
+nested too deeply, too large), or whose optimizer, schedule or batch is not a
+literal, is named in a warning: those values are then not compared.
 """
 import ast
 from typing import Any, Dict, List, Optional, Tuple
@@ -23,7 +25,11 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from mmengine.runner.checkpoint import find_latest_checkpoint
 
+from moppa_mm.utils.params import short_repr
+
 WORLD_SIZE_KEY = 'moppa_world_size'
+# a dumped config is tens of kB; a stored text beyond this is not parsed
+MAX_STORED_CONFIG_CHARS = 8_000_000
 
 
 class _NotALiteral(Exception):
@@ -55,15 +61,33 @@ def _literal(node: ast.AST) -> Any:
     raise _NotALiteral
 
 
+class StoredConfigError(ValueError):
+    """The config stored in a checkpoint cannot be read as data."""
+
+
 def config_values(text: str) -> Dict[str, Any]:
     """The top-level ``name = value`` assignments of a config text (as
     mmengine's ``Config.pretty_text`` writes it) whose value is a literal or
     ``dict(...)`` of literals; other assignments are left out. Nothing of the
-    text runs (mmengine's ``Config.fromstring`` would execute it)."""
+    text runs (mmengine's ``Config.fromstring`` would execute it).
+
+    Raises:
+        StoredConfigError: the text is not Python (the error and its line),
+            nested too deeply to parse, or larger than a config
+            (``MAX_STORED_CONFIG_CHARS``).
+    """
+    if len(text) > MAX_STORED_CONFIG_CHARS:
+        raise StoredConfigError(f'it is {len(text):,} characters long, more than the '
+                                f'{MAX_STORED_CONFIG_CHARS:,} a config takes')
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
+    except SyntaxError as error:
+        raise StoredConfigError(f'it is not Python ({error.msg}, line {error.lineno})'
+                                ) from None
+    except (ValueError, RecursionError, MemoryError) as error:
+        reason = ('nested too deeply to parse' if not isinstance(error, ValueError)
+                  else str(error))
+        raise StoredConfigError(f'it cannot be parsed: {reason}') from None
     values = {}
     for statement in tree.body:
         if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
@@ -166,9 +190,25 @@ class ResumeConfigCheckHook(Hook):
                 'it restores (optimizer and scheduler states) are not compared with '
                 'the config')
             return
-        old, new = config_values(text), runner.cfg.to_dict()
         source = (getattr(runner, '_load_from', None)
                   or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
+        try:
+            old = config_values(text)
+        except StoredConfigError as error:
+            runner.logger.warning(
+                f'ResumeConfigCheckHook: --resume from {source}: the config stored in '
+                f'the checkpoint (meta[\'cfg\']) cannot be read: {error}. The values it '
+                'restores (optimizer and scheduler states: learning rate, schedule) '
+                'are not compared with the config')
+            return
+        new = runner.cfg.to_dict()
+        unread = sorted({key.split('.')[0] for key, _ in COMPARED
+                         if key.split('.')[0] in new and key.split('.')[0] not in old})
+        if unread:
+            runner.logger.warning(
+                f'ResumeConfigCheckHook: --resume from {source}: the config stored in '
+                f'the checkpoint has no literal value of {", ".join(unread)} (an '
+                'expression that needs code to evaluate, or no assignment): not compared')
 
         old_type = _get(old, 'optim_wrapper.optimizer.type')
         new_type = _get(new, 'optim_wrapper.optimizer.type')
@@ -197,8 +237,8 @@ class ResumeConfigCheckHook(Hook):
                 continue
             for name, value, config_value in _differences(key, _plain(before),
                                                           _plain(after)):
-                differences.append(f'  {name}: checkpoint {value!r}, config '
-                                   f'{config_value!r} -> the run uses {winner}')
+                differences.append(f'  {name}: checkpoint {short_repr(value)}, config '
+                                   f'{short_repr(config_value)} -> the run uses {winner}')
         old_world = meta.get(WORLD_SIZE_KEY)
         if old_world is not None and old_world != runner.world_size:
             differences.append(

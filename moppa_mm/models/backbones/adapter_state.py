@@ -17,9 +17,12 @@
   the model and stops with a named error (or warns): NaN / infinite tensors,
   shapes, a pre-trained base that lacks keys, a record whose options differ,
   an adapter-only checkpoint for a model without its base, or on another base
-  (by fingerprint), a merged checkpoint for an unmerged model. It never opens
-  a file, fetches a URL, calls ``init_weights()`` or changes the model's
-  structure: the base path a record names is shown in messages, never opened.
+  (by fingerprint), a merged checkpoint for an unmerged model, a record that
+  cannot be read (damaged, out of bounds, another format version, a field of
+  the wrong type: :func:`record_problem`) or an adapter checkpoint without
+  one. It never opens a file, fetches a URL, calls ``init_weights()`` or
+  changes the model's structure: the base path a record names is shown in
+  messages, never opened.
 """
 import contextlib
 import hashlib
@@ -34,7 +37,7 @@ from mmengine.logging import print_log
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.moppa_unit import FREQ_PARAMS
 from moppa_mm.utils.checkpoints import check_finite
-from moppa_mm.utils.params import few, frozen_state_keys, matches
+from moppa_mm.utils.params import few, frozen_state_keys, matches, short_repr
 
 RECORD_FORMAT = 'moppa_mm.adapter/1'
 RECORD_KEY = '_extra_state'  # torch's key for a module's extra state
@@ -64,7 +67,8 @@ def _describe(key: str, theirs: Any, ours: Any) -> str:
     former = FORMER_DEFAULTS.get(key)
     was = (f' (the backbones\' default until {former[1]})'
            if former and theirs == former[0] else '')
-    return f'{key}: {theirs!r} in the checkpoint{was}, {ours!r} in the model'
+    key = key if len(key) <= 200 else f'{key[:200]}...'
+    return f'{key}: {short_repr(theirs)} in the checkpoint{was}, {short_repr(ours)} in the model'
 
 
 def is_adapter_key(name: str) -> bool:
@@ -110,23 +114,119 @@ def encode_record(record: Dict[str, Any]) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
+class AdapterRecordError(AdapterRecordMismatchError):
+    """A checkpoint's adapter record cannot be read: damaged, out of bounds, of
+    another format version, or a field of the wrong type."""
+
+
+# Bounds of a record: a detector's is a few kB, a few levels deep. A larger or
+# deeper one is refused before it is parsed further (a message of its values,
+# or a recursion through them, would be as large or as deep).
+MAX_RECORD_BYTES = 1 << 20
+MAX_RECORD_DEPTH = 16
+# The record's fields and the types they hold; the required ones are there in
+# every record of RECORD_FORMAT. ``base`` is null for a base as built (random).
+_NULL = type(None)
+RECORD_FIELDS = {'format': (str, ), 'backbone': (str, ), 'arch': (dict, ),
+                 'adapters': (dict, ), 'moppa_cfg': (dict, _NULL), 'base': (dict, _NULL)}
+OPTIONAL_RECORD_FIELDS = {'merged': (bool, ), 'heads': (dict, )}
+BASE_FIELDS = {'fingerprint': (str, ), 'checkpoint': (str, _NULL), 'prefix': (str, _NULL)}
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels (iteratively: no
+    recursion, and a container that holds itself stops at the limit)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in
+                         (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def _type_problem(fields: Dict[str, Any], types: Dict[str, Tuple[type, ...]],
+                  where: str = '') -> Optional[str]:
+    for field, allowed in types.items():
+        if field in fields and not isinstance(fields[field], allowed):
+            names = ' or '.join('null' if t is _NULL else t.__name__ for t in allowed)
+            return (f'field {where + str(field)!r} is {type(fields[field]).__name__} '
+                    f'{short_repr(fields[field])}, not {names}')
+    return None
+
+
+def record_problem(value: Any) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """``(record, None)`` for a readable record of this version's format (the
+    record decoded from its state-dict value), else ``(None, what is wrong)``.
+    Sizes and nesting are bounded; every field's type is checked, so what
+    reads the record afterwards meets no surprise."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.uint8 or value.dim() != 1:
+            return None, (f'is a {value.dtype} tensor of shape {tuple(value.shape)}, not '
+                          'a 1-D uint8 tensor of UTF-8 JSON')
+        if value.numel() > MAX_RECORD_BYTES:
+            return None, (f'is {value.numel():,} bytes, more than the {MAX_RECORD_BYTES:,} '
+                          'a record may take (one is a few kB)')
+        try:
+            record = json.loads(value.cpu().numpy().tobytes().decode('utf-8'))
+        except UnicodeDecodeError as error:
+            return None, f'is not UTF-8 text ({error.reason} at byte {error.start})'
+        except json.JSONDecodeError as error:
+            return None, (f'is not valid JSON ({error.msg}: line {error.lineno} column '
+                          f'{error.colno})')
+        except RecursionError:
+            return None, f'is nested more than {MAX_RECORD_DEPTH} levels deep'
+    elif isinstance(value, dict):
+        record = value
+    else:
+        return None, f'is a {type(value).__name__}, not a uint8 tensor of UTF-8 JSON'
+    if not isinstance(record, dict):
+        return None, f'is a JSON {type(record).__name__}, not an object'
+    if _deeper_than(record, MAX_RECORD_DEPTH):
+        return None, f'is nested more than {MAX_RECORD_DEPTH} levels deep'
+    if record.get('format') != RECORD_FORMAT:
+        found = (f'has format {short_repr(record["format"])}' if 'format' in record
+                 else 'has no \'format\' field')
+        return None, (f'{found}; this version of moppa_mm reads {RECORD_FORMAT!r} (a '
+                      'checkpoint of another moppa_mm version, or not a MoPPA record)')
+    lacking = [field for field in RECORD_FIELDS if field not in record]
+    if lacking:
+        return None, f'lacks the field(s) {lacking}'
+    problem = _type_problem(record, {**RECORD_FIELDS, **OPTIONAL_RECORD_FIELDS})
+    if problem is None and record['base'] is not None:
+        if 'fingerprint' not in record['base']:
+            return None, 'lacks the field \'base.fingerprint\''
+        problem = _type_problem(record['base'], BASE_FIELDS, where='base.')
+    return (None, problem) if problem else (record, None)
+
+
+def check_adapter_record(value: Any, key: str, what: str) -> Optional[Dict[str, Any]]:
+    """The record of a state dict (``value``: what it holds under ``key``),
+    checked: None where there is none; a record that cannot be read (see
+    :func:`record_problem`) raises :class:`AdapterRecordError` naming ``what``
+    (the file), the key and what is wrong. The backbones' load and
+    :class:`~moppa_mm.apis.AdapterBank` read records through it."""
+    if value is None:
+        return None
+    record, problem = record_problem(value)
+    if problem:
+        raise AdapterRecordError(f'{what}: its adapter record (key {key!r}) {problem}')
+    return record
+
+
 def decode_record(value: Any) -> Optional[Dict[str, Any]]:
-    """The record from its state-dict value (None if it is not one)."""
-    if isinstance(value, dict):
-        return value
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
-        return None
-    try:
-        record = json.loads(bytes(value.tolist()).decode('utf-8'))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    """The record from its state-dict value (None if it is none, or one that
+    cannot be read: :func:`check_adapter_record` says why)."""
+    return record_problem(value)[0] if value is not None else None
 
 
 def read_adapter_record(checkpoint: Dict[str, Any],
                         prefix: str = 'backbone.') -> Optional[Dict[str, Any]]:
     """The adapter record of a checkpoint (``{'state_dict': ...}``) or a state
-    dict, for the backbone under ``prefix``; None where it has none::
+    dict, for the backbone under ``prefix``; None where it has none or one that
+    cannot be read::
 
         record = read_adapter_record(torch.load(path, weights_only=True))
         record['moppa_cfg'], record['base']
@@ -136,8 +236,9 @@ def read_adapter_record(checkpoint: Dict[str, Any],
 
 
 def is_adapter_record(record: Any) -> bool:
-    """Whether ``record`` is an adapter record this version of moppa_mm reads."""
-    return isinstance(record, dict) and record.get('format') == RECORD_FORMAT
+    """Whether ``record`` (decoded) is an adapter record this version of
+    moppa_mm reads."""
+    return isinstance(record, dict) and record_problem(record)[1] is None
 
 
 def fingerprint(tensors: Dict[str, torch.Tensor]) -> str:
@@ -203,8 +304,9 @@ class AdapterStateMixin:
 
     Args of the backbones:
         strict_adapter_record (bool): Stop when an adapter checkpoint's record
-            disagrees with the model (True, default). False only warns: for a
-            checkpoint you have checked by other means.
+            disagrees with the model, cannot be read, or is absent (True,
+            default). False only warns: for a checkpoint you have checked by
+            other means.
     """
 
     PRETRAINED_MAY_LACK: Sequence[str] = ()
@@ -333,15 +435,18 @@ class AdapterStateMixin:
         * adapter keys: a fine-tuned checkpoint; its record must agree with
           the model and all of the model's adapters must be there; one without
           the frozen base needs the model's base to be the one it was trained
-          on (the recorded fingerprint).
+          on (the recorded fingerprint);
+        * a record that cannot be read (:func:`record_problem`), or none in an
+          adapter checkpoint (after the checks above), stops unless
+          ``strict_adapter_record=False``.
         """
         incoming = {k[len(prefix):]: v for k, v in state_dict.items()
                     if k.startswith(prefix)}
-        record = decode_record(incoming.pop(RECORD_KEY, None))
-        record = record if is_adapter_record(record) else None
         where = f' from {self._checkpoint_source!r}' if self._checkpoint_source else ''
         name = type(self).__name__
+        given_record = incoming.pop(RECORD_KEY, None)
         check_finite(incoming, f'{name}: the state dict{where or " being loaded"}')
+        record = self._incoming_record(given_record, prefix + RECORD_KEY, where)
         params = [k for k, _ in self.named_parameters()]
         adapters = [k for k in params if is_adapter_key(k)]
         given_adapters = [k for k in incoming if is_adapter_key(k)]
@@ -359,12 +464,44 @@ class AdapterStateMixin:
                 state_dict.setdefault(prefix + key, own[key])
         else:
             self._accept_adapters(incoming, record, adapters, given_adapters, where)
+            if given_record is None:  # after every check the tensors allow
+                self._refuse_unrecorded(prefix + RECORD_KEY, where)
             lacking = [k for k in own if k not in incoming]
             for key in lacking:  # the base in the model stays: load it onto itself
                 state_dict[prefix + key] = own[key]
         # a strict load of a file without a record (a pre-trained release)
         # must not report the record as missing
         state_dict[prefix + RECORD_KEY] = self.get_extra_state()
+
+    def _incoming_record(self, value: Any, key: str,
+                         where: str) -> Optional[Dict[str, Any]]:
+        """The record a state dict holds (None if none); one that cannot be
+        read stops the load, or, under ``strict_adapter_record=False``, is
+        left out with a warning (the load then checks what the tensors
+        allow)."""
+        try:
+            return check_adapter_record(value, key,
+                                        f'{type(self).__name__}: the checkpoint{where}')
+        except AdapterRecordError as error:
+            self._stop_or_warn(
+                f'{error}. Its options and base cannot be checked against the '
+                'model\'s. To load it anyway, built with the options it was trained '
+                'with, set model.backbone.strict_adapter_record=False.', AdapterRecordError)
+            return None
+
+    def _refuse_unrecorded(self, key: str, where: str) -> None:
+        """An adapter checkpoint without a record: its options and its base
+        cannot be checked; it loads only under ``strict_adapter_record=False``
+        (its tensors were checked: finite, shapes, the model's adapters, a
+        base in the model for an adapter-only one)."""
+        self._stop_or_warn(
+            f'{type(self).__name__}: the adapter checkpoint{where} has no adapter '
+            f'record (key {key!r}: saved before moppa_mm recorded one, or removed): '
+            'its tensors fit the model, but the options they were trained with '
+            '(moppa_cfg, adapter switches) and the base they were trained on cannot '
+            'be checked, and adapters under other options or on another base give '
+            'wrong outputs without an error. To load it anyway, built with the '
+            'options it was trained with, set model.backbone.strict_adapter_record=False.')
 
     def _check_merged(self, record: Optional[Dict[str, Any]], where: str) -> None:
         """A merged checkpoint (:meth:`merge_adapters`) loads only into a model
@@ -440,10 +577,6 @@ class AdapterStateMixin:
     def _accept_adapters(self, incoming, record, adapters, given_adapters,
                          where: str) -> None:
         name = type(self).__name__
-        if record is None:
-            print_log(f'{name}: the adapter checkpoint{where} has no adapter record '
-                      '(saved before moppa_mm recorded one): its options cannot be '
-                      'checked against the model\'s', logger='current', level=30)
         lacking_adapters = [k for k in adapters if k not in incoming]
         if len(lacking_adapters) == len(adapters):
             raise PretrainedMismatchError(
@@ -467,22 +600,24 @@ class AdapterStateMixin:
                 + (": the '.gate' tensors come from moppa_cfg.init_mode='identity'"
                    if gate else '') + '; build the model with the options they were '
                 'trained with.')
-        recorded = (record or {}).get('base') or {}
         if any(not is_adapter_key(k) and not matches(k, self.fresh_params)
                for k in incoming):
             # a self-contained checkpoint: its base is the model's now
+            recorded = (record or {}).get('base') or {}
             self._base = dict(checkpoint=recorded.get('checkpoint'),
                               prefix=recorded.get('prefix'),
                               fingerprint=self._base_fingerprint(incoming))
             return
-        self._check_base_of_adapters(recorded, where)
+        self._check_base_of_adapters(record, where)
 
-    def _check_base_of_adapters(self, recorded: Dict[str, Optional[str]],
+    def _check_base_of_adapters(self, record: Optional[Dict[str, Any]],
                                 where: str) -> None:
         """An adapter-only checkpoint: the model's base (loaded when it was
-        built) must be the one the adapters were trained on. The recorded path
-        is named, not opened."""
+        built) must be the one the adapters were trained on (by the recorded
+        fingerprint; without a record, that there is a base). The recorded
+        path is named, not opened."""
         name = type(self).__name__
+        recorded = (record or {}).get('base') or {}
         trained_on = (f'The adapters were trained on {recorded["checkpoint"]!r} '
                       f'(fingerprint {recorded.get("fingerprint")}; the load does not '
                       'open it). ' if recorded.get('checkpoint') else '')
@@ -502,6 +637,13 @@ class AdapterStateMixin:
                 'clears init_cfg: cfg_options={\'model.backbone.pretrained\': BASE}), '
                 'or make a self-contained checkpoint with '
                 'tools/model_converters/publish_model.py --merge-base.')
+        if record is not None and record['base'] is None:
+            self._stop_or_warn(
+                f'{name}: the adapter-only checkpoint{where} records no pre-trained base '
+                '(its adapters were trained on a backbone as built, random), but the '
+                f'model\'s base is {self._base.get("checkpoint")!r}: adapters on another '
+                'base give wrong outputs.')
+            return
         expected, ours = recorded.get('fingerprint'), self._base.get('fingerprint')
         if not expected or expected == ours:
             return
@@ -532,20 +674,22 @@ class AdapterStateMixin:
             # the unit options a command line can set back (e.g. a checkpoint
             # of an earlier default, FORMER_DEFAULTS)
             options = [f'model.backbone.{key}={theirs}' for key, theirs, _ in differences
-                       if key.startswith('moppa_cfg.')
-                       and isinstance(theirs, (str, int, float, bool))]
+                       if key.startswith('moppa_cfg.') and len(key) < 100
+                       and isinstance(theirs, (str, int, float, bool))
+                       and len(str(theirs)) < 100][:10]
             self._stop_or_warn(
                 f'{type(self).__name__}: the adapter checkpoint{where} was built with '
                 f'other options than this model; {len(mismatches)} differ:\n  '
-                + '\n  '.join(mismatches) + '\nSet the checkpoint\'s values in '
+                + few(mismatches, 20, sep='\n  ') + '\nSet the checkpoint\'s values in '
                 'model.backbone (moppa_cfg.<option> for the unit\'s options'
                 + (f'; in a tool: --cfg-options {" ".join(options)}' if options else '')
                 + '): its parameters mean something else under the model\'s. To load '
                 'it anyway, set model.backbone.strict_adapter_record=False.')
 
-    def _stop_or_warn(self, message: str) -> None:
+    def _stop_or_warn(self, message: str,
+                      error: type = AdapterRecordMismatchError) -> None:
         if self.strict_adapter_record:
-            raise AdapterRecordMismatchError(message)
+            raise error(message)
         print_log(message + ' (strict_adapter_record=False: loading anyway)',
                   logger='current', level=30)
 

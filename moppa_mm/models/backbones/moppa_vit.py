@@ -115,7 +115,8 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
             ``'auto'`` (epochs when the run has more than one). Defaults to
             ``'auto'``.
         strict_adapter_record (bool): Stop when a checkpoint's adapter record
-            disagrees with this model (default); False warns instead.
+            disagrees with this model, cannot be read or is absent (default);
+            False warns instead.
         merged (bool): Build the backbone merged for inference
             (:meth:`merge_adapters`), to load a merged checkpoint
             (``publish_model.py --merge``). Defaults to False: the ``Pretrained``

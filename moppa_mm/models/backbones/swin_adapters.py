@@ -167,7 +167,8 @@ class SwinAdapterMixin(AdapterMixin):
         route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or
             ``'auto'`` (epochs when the run has more than one).
         strict_adapter_record (bool): Stop when a checkpoint's adapter record
-            disagrees with this model; False warns instead.
+            disagrees with this model, cannot be read or is absent; False
+            warns instead.
         merged (bool): Build the backbone merged for inference
             (:meth:`merge_adapters`), to load a merged checkpoint
             (``publish_model.py --merge``). False (default): the ``Pretrained``
