@@ -49,8 +49,8 @@ def variants(quick: bool) -> List[Variant]:
 
     def lora():
         rank = 1 if quick else 6  # 12 x 6 x (768 + 2304) = 221K, MoPPA: 218K
-        return LoRAModel(module=dict(type='VisionTransformer', arch=arch, **size), alpha=rank,
-                         rank=rank, targets=[dict(type='qkv')])
+        vit = dict(type='mmpretrain.VisionTransformer', arch=arch, **size)
+        return LoRAModel(module=vit, alpha=rank, rank=rank, targets=[dict(type='qkv')])
 
     return [Variant('frozen', 'frozen ViT + head', frozen),
             Variant('ssf', '+ scale & shift only', ssf_only),
