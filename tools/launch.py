@@ -26,7 +26,7 @@ from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.malloc import keep_freed_memory
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
-TOOL_PACKAGES = ('mmdet', 'mmpretrain')
+TOOL_PACKAGES = ('mmdet', 'mmpretrain', 'mmseg')
 CONFIG_SUFFIXES = ('.py', '.json', '.yaml', '.yml')
 
 
@@ -64,14 +64,18 @@ def launch_rank(launcher: str) -> int:
 def resume_latest(cfg: Config) -> None:
     """``--resume`` without a file: where ``<work_dir>/last_checkpoint`` is
     missing or names a file that is gone, resume from the newest complete
-    checkpoint of the work dir (``load_from``), and say so."""
+    checkpoint of the work dir (``load_from``), and say so; say so too where
+    there is nothing to resume (mmengine then starts from the beginning)."""
     if not cfg.get('resume') or cfg.get('load_from') or not cfg.get('work_dir'):
         return
     path, note = checkpoint_to_resume(cfg.work_dir)
-    if note:
+    if path is None:  # a first run under an auto-resume script: fine, but said
+        note = (f'--resume: nothing to resume in {cfg.work_dir} (no checkpoint): '
+                'training starts from the beginning')
+    elif note:
         cfg.load_from = path
-        if launch_rank(cfg.get('launcher', 'none')) == 0:
-            print_log(note, logger='current', level=logging.WARNING)
+    if note and launch_rank(cfg.get('launcher', 'none')) == 0:
+        print_log(note, logger='current', level=logging.WARNING)
 
 
 def prepare_run(cfg: Config, mode: str) -> None:
@@ -151,7 +155,7 @@ def openmmlab_tool_path(scope: str, mode: str) -> str:
 
 
 def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
-    """Run mmdet's or mmpretrain's ``tools/{mode}.py`` (picked by the config's
+    """Run mmdet's, mmpretrain's or mmseg's ``tools/{mode}.py`` (picked by the config's
     ``default_scope``) with ``argv``, so it takes every flag they take.
 
     Args:
@@ -170,15 +174,18 @@ def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
     spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    factories = [_CheckedRunnerFactory(tool.Runner, mode),
-                 _CheckedRunnerFactory(tool.RUNNERS, mode)]
-    tool.Runner, tool.RUNNERS = factories
+    factories = []
+    for name in ('Runner', 'RUNNERS'):  # mmseg's test.py has no RUNNERS
+        if hasattr(tool, name):
+            factories.append(_CheckedRunnerFactory(getattr(tool, name), mode))
+            setattr(tool, name, factories[-1])
     saved_argv = sys.argv
     sys.argv = [saved_argv[0]] + argv  # the tool's parse_args reads sys.argv
     try:
         tool.main()
     finally:
         sys.argv = saved_argv
-        for work_dir in factories[0].locked + factories[1].locked:
-            unlock_work_dir(work_dir)
+        for factory in factories:
+            for work_dir in factory.locked:
+                unlock_work_dir(work_dir)
     shutdown_distributed()

@@ -227,6 +227,7 @@ def test_bad_shapes_and_opsets_are_refused_before_export(vit, tmp_path, capsys):
             'MoPPAVisionTransformer',
         ('--opset', '21', '--exporter', 'torchscript'):
             r'--opset 21: the torchscript exporter writes opsets 14 to 20',
+        ('--atol', '-1'): r'--atol -1: the tolerance must be zero or positive$',
     }
     for args, message in refused.items():
         with pytest.raises(SystemExit, match=r'^pytorch2onnx.py: ' + message) as error:
@@ -238,6 +239,11 @@ def test_bad_shapes_and_opsets_are_refused_before_export(vit, tmp_path, capsys):
         with pytest.raises(SystemExit) as error:
             tool.main([config, checkpoint, '--output-file', str(output), *args])
         assert error.value.code == 2 and message in capsys.readouterr().err
+    # --cfg-options reaches the model (here the checkpoint's record disagrees)
+    with pytest.raises(SystemExit, match=r"moppa_cfg.heat_param: 'raw' in the checkpoint, "
+                                         r"'softplus' in the model"):
+        tool.main([config, checkpoint, '--output-file', str(output), '--cfg-options',
+                   'model.backbone.moppa_cfg.heat_param=softplus'])
     assert output.read_text() == 'an earlier export'
     # as a user runs it: one line on stderr, no traceback, exit status 1
     stderr = run_tool(config, checkpoint, '--output-file', str(output), '--shape', '0', '0',

@@ -90,3 +90,17 @@ def test_init_model_and_inference_model_predict_what_test_wrote(trained, monkeyp
     merge_adapters(model)
     merged = inference_model(model, image).pred_sem_seg.data[0].numpy()
     np.testing.assert_array_equal(merged + 1, written)
+
+
+def test_our_test_tool_runs_the_config_and_reports_the_same_miou(trained):
+    """tools/test.py of this repository runs MMSegmentation configs too (after
+    its checks, MMSegmentation's own test.py): the same mIoU."""
+    run([sys.executable, osp.join(REPO, 'tools', 'test.py'), DEMO, 'work/iter_6.pth',
+         '--work-dir', 'ours'], trained['cwd'])
+    results = []
+    for folder in ('test', 'ours'):
+        metrics = glob.glob(str(trained['cwd'] / folder / '*' / '*.json'))
+        assert len(metrics) == 1, folder
+        with open(metrics[0]) as f:
+            results.append(json.load(f)['mIoU'])
+    assert results[0] == results[1]

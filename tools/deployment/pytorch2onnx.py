@@ -51,6 +51,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+from mmengine.config import DictAction
 from torch.onnx import _constants as torch_onnx_limits
 
 import moppa_mm  # registries
@@ -94,12 +95,15 @@ def highest_opset(exporter: str) -> int:
 
 
 def check_arguments(args, cfg) -> None:
-    """Refuse a non-positive ``--shape`` and an ``--opset`` the exporter does
-    not write for the config's backbone, before the model is built."""
+    """Refuse a non-positive ``--shape``, a negative ``--atol`` and an
+    ``--opset`` the exporter does not write for the config's backbone, before
+    the model is built."""
     if args.shape is not None and min(args.shape) < 1:
         raise ExportError(f'--shape {args.shape[0]} {args.shape[1]}: the height and width '
                           'must be positive')
     backbone = str(cfg.model.get('backbone', {}).get('type', ''))
+    if not args.atol >= 0:  # NaN too
+        raise ExportError(f'--atol {args.atol:g}: the tolerance must be zero or positive')
     lowest, highest = lowest_opset(args.exporter, backbone), highest_opset(args.exporter)
     if not lowest <= args.opset <= highest:
         raise ExportError(f'--opset {args.opset}: the {args.exporter} exporter writes opsets '
@@ -306,6 +310,9 @@ def main(argv=None) -> None:
                         f'{VERIFY_BATCHES} (the export runs at {EXPORT_BATCH})')
     parser.add_argument('--atol', type=float, default=TOLERANCE,
                         help='--verify\'s bound on the max absolute difference')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, as tools/train.py and test.py do '
+                        '(e.g. model.backbone.init_cfg.checkpoint=BASE.pth)')
     args = parser.parse_args(argv)
     try:
         run(args)
@@ -316,6 +323,8 @@ def main(argv=None) -> None:
 
 def run(args) -> None:
     cfg = load_config(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
     check_arguments(args, cfg)
     check_installed(args.exporter, args.verify)
     model = load_model(cfg, args.checkpoint)

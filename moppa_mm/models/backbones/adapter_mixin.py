@@ -103,6 +103,13 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         With ``merged=True`` the adapters are folded in instead
         (:meth:`merge_adapters`): the model then takes a merged checkpoint,
         which holds the whole backbone."""
+        init_cfg = self.init_cfg
+        if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
+            raise ValueError(
+                f'{type(self).__name__}: model.backbone.init_cfg = {init_cfg!r} names a '
+                "checkpoint but no type (a config without an init_cfg, given only "
+                "init_cfg.checkpoint?): set model.backbone.init_cfg.type='Pretrained' "
+                "too, and init_cfg.prefix='backbone.' where the file is a whole model's")
         if merged:
             self.merge_adapters()
             return

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import os.path as osp
+from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -74,6 +75,20 @@ def _describe(key: str, theirs: Any, ours: Any) -> str:
 def is_adapter_key(name: str) -> bool:
     """Whether a backbone parameter / state-dict key belongs to an adapter."""
     return matches(name, ADAPTER_PATTERNS)
+
+
+def _prefix_hint(incoming, lacking) -> str:
+    """Where the keys given hold the missing ones behind one prefix (a
+    whole-model file given as the base), the ``init_cfg`` line that takes them."""
+    wanted = set(lacking)
+    prefixes = Counter(key[:-len(name)] for key in incoming for name in
+                       (key.split('.', 1)[-1], key.split('.', 2)[-1]) if name in wanted)
+    prefixes.pop('', None)
+    if not prefixes:
+        return ''
+    prefix, count = prefixes.most_common(1)[0]
+    return (f' {count} of the missing keys are in the file behind the prefix {prefix!r}: '
+            f"set model.backbone.init_cfg.prefix='{prefix}'")
 
 
 class PretrainedMismatchError(RuntimeError):
@@ -568,7 +583,7 @@ class AdapterStateMixin:
                 f'parameters; missing: {_few(lacking)}. The frozen backbone '
                 'would stay random: is it a checkpoint of this backbone, with '
                 f'its keys (given {len(incoming)} keys, e.g. '
-                f'{_few(list(incoming), 3) or "none"})?')
+                f'{_few(list(incoming), 3) or "none"})?{_prefix_hint(incoming, lacking)}')
         self._base = dict(
             checkpoint=_as_recorded(self._checkpoint_source),
             prefix=self._checkpoint_prefix,

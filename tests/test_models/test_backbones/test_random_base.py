@@ -77,3 +77,22 @@ def test_a_missing_base_file_warns_when_built_and_stops_training(tmp_path):
     with pytest.raises(NoPretrainedBaseError, match=f'names {missing!r}, which was not '
                        'there when the model was built'):
         training_step(model, size)
+
+
+def test_an_init_cfg_that_misses_its_type_or_prefix_names_the_line(tmp_path):
+    """``--cfg-options model.backbone.init_cfg.checkpoint=BASE`` on a config
+    without an ``init_cfg`` gives one with no type (mmengine: a bare
+    KeyError 'type'); a whole-model file given without its prefix restores
+    nothing. Each is named with the line that fixes it."""
+    from moppa_mm.models.backbones.adapter_state import PretrainedMismatchError
+    build = MODELS['vit'][0]
+    init_cfg, _ = base_file(build, tmp_path)
+    with pytest.raises(ValueError, match=r"names a checkpoint but no type.*"
+                                         r"init_cfg.type='Pretrained'"):
+        build(init_cfg=dict(checkpoint=init_cfg['checkpoint']))
+    without_prefix = dict(type='Pretrained', checkpoint=init_cfg['checkpoint'])
+    with pytest.raises(PretrainedMismatchError,
+                       match=r"behind the prefix 'backbone.': set "
+                             r"model.backbone.init_cfg.prefix='backbone.'"):
+        build(init_cfg=without_prefix)
+    build(init_cfg=init_cfg)  # with both: the base loads
