@@ -23,6 +23,8 @@ from preflight import check_config
 from moppa_mm.engine.hooks.work_dir_lock_hook import lock_work_dir, unlock_work_dir
 from moppa_mm.utils.checkpoints import checkpoint_to_resume
 from moppa_mm.utils.config_files import read_config
+from moppa_mm.utils.errors import (InputNotFoundError, InputValueError, MoPPAInputError,
+                                   show_traceback, stop)
 from moppa_mm.utils.malloc import keep_freed_memory
 
 # default_scope of a config -> the package whose tools/{train,test}.py runs it
@@ -36,7 +38,7 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     """``format_python_code=False`` skips yapf when the Runner logs and dumps
     the config (seconds per dump for a detection config)."""
     if not osp.isfile(path):
-        raise FileNotFoundError(f'config file not found: {path!r}')
+        raise InputNotFoundError(f'config file not found: {path!r}')
     cfg = read_config(path)
     if not format_python_code:  # fromfile drops this argument (mmengine 0.10)
         cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename,
@@ -145,13 +147,28 @@ def _config_path(argv: List[str]) -> Optional[str]:
 def openmmlab_tool_path(scope: str, mode: str) -> str:
     """``<site-packages>/<scope>/.mim/tools/{mode}.py`` of an installed package."""
     if scope not in TOOL_PACKAGES:
-        raise ValueError(f'no tool for default_scope={scope!r}; moppa_mm runs '
-                         f'the tools of {TOOL_PACKAGES}')
+        raise InputValueError(f'no tool for default_scope={scope!r}; moppa_mm runs '
+                              f'the tools of {TOOL_PACKAGES}')
     package = importlib.import_module(scope)
     path = osp.join(osp.dirname(package.__file__), '.mim', 'tools', f'{mode}.py')
     if not osp.isfile(path):
         raise FileNotFoundError(f'{scope} ships no {path}; reinstall {scope}')
     return path
+
+
+def main(mode: str) -> None:
+    """``tools/{mode}.py``: :func:`run_tool` on ``sys.argv``. One of our
+    verdicts on the input (:class:`MoPPAInputError`: a missing file, a bad
+    option, a damaged or mismatched checkpoint) stops the process (each rank
+    of a distributed run) with ``{mode}.py: <message>`` on stderr and exit
+    status 1, without a traceback (``MOPPA_TRACEBACK=1`` shows it); any other
+    exception keeps its traceback."""
+    try:
+        run_tool(mode)
+    except MoPPAInputError as error:
+        if show_traceback():
+            raise
+        stop(f'{mode}.py', error)
 
 
 def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
@@ -168,7 +185,7 @@ def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
     scope = 'mmdet'  # for --help without a config
     if config is not None:
         if not osp.isfile(config):
-            raise FileNotFoundError(f'config file not found: {config!r}')
+            raise InputNotFoundError(f'config file not found: {config!r}')
         scope = read_config(config).get('default_scope', 'mmdet')
     path = openmmlab_tool_path(scope, mode)
     spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)

@@ -6,6 +6,8 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 from mmengine.logging import print_log
 
+from moppa_mm.utils.errors import InputNotFoundError, InputValueError
+
 SPLITS = {
     'train': ('train_dataloader', 'val_dataloader'),
     'test': ('test_dataloader', ),
@@ -38,7 +40,7 @@ def _check_head_classes(cfg, where: str, ds) -> None:
         return
     classes = count(ds)
     if head_classes < classes:
-        raise ValueError(
+        raise InputValueError(
             f'model.head.num_classes = {head_classes}, but {where} has {classes} '
             'classes: set model.head.num_classes to the number of classes')
 
@@ -121,8 +123,8 @@ def _check_coco_categories(where: str, classes: Sequence[str], source: str,
         problem = ('are in another order than the file\'s: mmdet numbers the '
                    "labels in the file's order, so names and labels would not match; "
                    'list them in the file\'s order')
-    raise ValueError(f'{where}: the classes ({_some(classes)}) ({source}) {problem}. '
-                     f'{ann_file} defines the categories {_some(names)}.')
+    raise InputValueError(f'{where}: the classes ({_some(classes)}) ({source}) {problem}. '
+                          f'{ann_file} defines the categories {_some(names)}.')
 
 
 def _local_coco_file(cls: type, ds) -> Optional[str]:
@@ -162,7 +164,7 @@ def _check_detection_classes(cfg, where: str, ds) -> None:
              if n != len(classes)]
     if wrong:
         heads = ', '.join(f'{key}.num_classes = {n}' for key, n in wrong)
-        raise ValueError(
+        raise InputValueError(
             f'{heads}, but {where} has {len(classes)} classes '
             f'({_some(classes)}; {source}): mmdet needs each bbox and mask head to '
             f'predict exactly the data set\'s classes (a label beyond a head fails '
@@ -212,7 +214,7 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
                if key.endswith(RECORD_KEY) and decode_record(value) is not None]
     if records and not list(_moppa_backbones(cfg.get('model') or {})):
         backbone = decode_record(state[records[0]]).get('backbone')
-        raise ValueError(
+        raise InputValueError(
             f'the checkpoint {where} = {path!r} is a MoPPA adapter checkpoint (of a '
             f'{backbone}, {records[0]!r}), but the config\'s model has no MoPPA '
             'backbone: its backbone would run on random weights. Use the config it '
@@ -223,7 +225,7 @@ def _check_moved_options(cfg) -> None:
     """Options that moved into the model: a config that still sets them would
     train without them, silently."""
     if 'route_loss_weight' in cfg and list(_moppa_backbones(cfg.get('model') or {})):
-        raise ValueError(
+        raise InputValueError(
             f'route_loss_weight = {cfg.route_loss_weight!r} at the top level of the '
             'config has no effect: the route regularisation is the MoPPA '
             'backbone\'s own. Set model.backbone.route_loss_weight='
@@ -330,7 +332,7 @@ def check_config(cfg, mode: str = 'train') -> None:
     MoPPA backbone does not set the old top-level ``route_loss_weight``.
     """
     if mode not in SPLITS:
-        raise ValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
+        raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
     from moppa_mm.models.converters import check_converted
     from moppa_mm.utils.checkpoints import load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
@@ -359,15 +361,15 @@ def check_config(cfg, mode: str = 'train') -> None:
             continue
         root = ds.get('data_root', '') or ''
         if root and not _is_remote(root) and not osp.isdir(root):
-            raise FileNotFoundError(
+            raise InputNotFoundError(
                 f'data root not found: {where}.data_root = {root!r}')
         ann_file = ds.get('ann_file')
         if ann_file and not _is_remote(root):
             path = ann_file if osp.isabs(ann_file) else osp.join(root, ann_file)
             if not osp.isfile(path):
-                raise FileNotFoundError(
+                raise InputNotFoundError(
                     f'annotation file not found: {where}.ann_file = {path!r}')
         _check_detection_classes(cfg, where, ds)
     for where, path in _evaluator_ann_files(cfg, mode):
         if not _is_remote(path) and not osp.isfile(path):
-            raise FileNotFoundError(f'annotation file not found: {where} = {path!r}')
+            raise InputNotFoundError(f'annotation file not found: {where} = {path!r}')

@@ -8,9 +8,9 @@ of their arguments, e.g. for a detector
 Before the Runner is built it checks data and checkpoint paths and, without
 CUDA, sets up gloo for distributed runs (tools/launch.py).
 """
-from launch import run_tool  # tools/launch.py
+from launch import main  # tools/launch.py
 
 import moppa_mm  # noqa: F401  registries
 
 if __name__ == '__main__':
-    run_tool('test')
+    main('test')

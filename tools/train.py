@@ -10,9 +10,9 @@ last_checkpoint is missing or gone), takes the work dir's lock (a second run
 there stops with one line) and, without CUDA, sets up gloo for distributed
 runs (tools/launch.py).
 """
-from launch import run_tool  # tools/launch.py
+from launch import main  # tools/launch.py
 
 import moppa_mm  # noqa: F401  registries
 
 if __name__ == '__main__':
-    run_tool('train')
+    main('train')

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from moppa_mm.utils.atomic import atomic_torch_save
+from moppa_mm.utils.errors import MoPPAInputError
 from moppa_mm.utils.checkpoints import (CheckpointLoadError, NonFiniteCheckpointError, check_finite,
                                         is_npz, load_checkpoint_file)
 
@@ -164,7 +165,7 @@ LOOKS_LIKE = {
 }
 
 
-class SourceFormatError(ValueError):
+class SourceFormatError(MoPPAInputError, ValueError):
     """A checkpoint is not in the format it is used as (an unconverted release
     given to a config, a converted file or another release given to a
     converter)."""

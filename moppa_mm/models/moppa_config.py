@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from moppa_mm.operators.moppa_unit import EXPERTS, check_unit_options
+from moppa_mm.utils.errors import InputValueError
 
 # the backbone derives these from its own architecture
 RESERVED = ('embed_dims', 'num_heads', 'grid_size')
@@ -55,10 +56,10 @@ class MoPPAConfig:
         for name in ('coef_init', 'time_init', 'source_init_std'):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f'moppa_cfg.{name} must be a number, got {value!r}')
+                raise InputValueError(f'moppa_cfg.{name} must be a number, got {value!r}')
         if not isinstance(self.share_time, bool):
-            raise ValueError(f'moppa_cfg.share_time must be True or False, got '
-                             f'{self.share_time!r}')
+            raise InputValueError(f'moppa_cfg.share_time must be True or False, got '
+                                  f'{self.share_time!r}')
 
     @classmethod
     def build(cls, options: Optional[Mapping[str, Any]] = None) -> 'MoPPAConfig':
@@ -69,13 +70,13 @@ class MoPPAConfig:
         options = dict(options or {})
         for reserved in RESERVED:
             if reserved in options:
-                raise ValueError(f'moppa_cfg must not set {reserved!r}: the '
-                                 'backbone derives it')
+                raise InputValueError(f'moppa_cfg must not set {reserved!r}: the '
+                                      'backbone derives it')
         known = [field.name for field in dataclasses.fields(cls)]
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise ValueError(f'moppa_cfg has unknown option(s) {unknown}; the '
-                             f'options are {known}')
+            raise InputValueError(f'moppa_cfg has unknown option(s) {unknown}; the '
+                                  f'options are {known}')
         return cls(**options)
 
     def to_dict(self) -> Dict[str, Any]:

@@ -40,6 +40,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import print_log
 
+from moppa_mm.utils.errors import InputValueError
+
 from .dct import dct2d, dct_frequencies, idct2d
 from .tracing import is_capturing
 
@@ -108,23 +110,23 @@ def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
     """Raise ``ValueError`` naming the first option of :class:`MoPPAUnit` out of
     its range (the one check the unit and the backbones' ``MoPPAConfig`` share)."""
     if init_mode not in INIT_MODES:
-        raise ValueError(f'unknown init_mode {init_mode!r}, expected one of '
-                         f'{INIT_MODES}')
+        raise InputValueError(f'unknown init_mode {init_mode!r}, expected one of '
+                              f'{INIT_MODES}')
     if heat_param not in HEAT_PARAMS:
-        raise ValueError(f'unknown heat_param {heat_param!r}, expected one '
-                         f'of {HEAT_PARAMS}')
+        raise InputValueError(f'unknown heat_param {heat_param!r}, expected one '
+                              f'of {HEAT_PARAMS}')
     if not isinstance(eta, (int, float)) or isinstance(eta, bool) or not eta > 0:
-        raise ValueError(f'eta must be a number > 0 (the DC term has w = 0), got {eta!r}')
+        raise InputValueError(f'eta must be a number > 0 (the DC term has w = 0), got {eta!r}')
     if resize_mode not in RESIZE_MODES:
-        raise ValueError(f'unknown resize_mode {resize_mode!r}, expected one '
-                         f'of {RESIZE_MODES}')
+        raise InputValueError(f'unknown resize_mode {resize_mode!r}, expected one '
+                              f'of {RESIZE_MODES}')
     if isinstance(experts, str):
-        raise ValueError(f'experts must be a sequence of names from {EXPERTS}, '
-                         f'got the string {experts!r}')
+        raise InputValueError(f'experts must be a sequence of names from {EXPERTS}, '
+                              f'got the string {experts!r}')
     unknown = [e for e in experts if e not in EXPERTS]
     if unknown or not experts or len(set(experts)) != len(experts):
-        raise ValueError(f'experts must be distinct names from {EXPERTS}, '
-                         f'got {tuple(experts)}')
+        raise InputValueError(f'experts must be distinct names from {EXPERTS}, '
+                              f'got {tuple(experts)}')
 
 
 class MoPPAUnit(nn.Module):

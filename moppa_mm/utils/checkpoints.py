@@ -32,11 +32,13 @@ from typing import Any, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from .errors import InputNotFoundError, MoPPAInputError
+
 OPT_IN_ENV = 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'
 _TRUE_VALUES = ('1', 'y', 'yes', 'true')  # as torch.load reads the variable
 
 
-class CheckpointLoadError(RuntimeError):
+class CheckpointLoadError(MoPPAInputError, RuntimeError):
     """A checkpoint file could not be loaded safely (refused, truncated, empty)."""
 
 
@@ -193,10 +195,33 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise
 
 
+def check_archive(path: str, what: str = 'checkpoint') -> None:
+    """Raise :class:`CheckpointLoadError` naming ``path`` and its first
+    damaged record where a zip checkpoint's bytes do not match the CRC-32 the
+    archive stores for them (``torch.load`` does not check them: flipped bytes
+    inside a tensor would load as wrong weights). Reads the whole file once;
+    a file that is no zip archive (torch's legacy format) is left to
+    ``torch.load``."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, NotImplementedError) as error:
+        raise _explain(path, what, error) from None
+    if damaged is not None:
+        raise CheckpointLoadError(
+            f'{what} {path!r} is damaged: the bytes of its record {damaged!r} do not '
+            'match the checksum (CRC-32) the archive stores for them (a disk or copy '
+            'error, or a file changed after it was saved); copy or download it again')
+
+
 def load_checkpoint_file(path: str, what: str = 'checkpoint',
                          map_location='cpu', mmap: bool = False) -> Any:
     """``torch.load`` a local file with ``weights_only=True`` (unless the user
-    opted in), raising :class:`CheckpointLoadError` that names ``path``; a NaN
+    opted in), raising :class:`CheckpointLoadError` that names ``path`` (also
+    for a zip archive whose bytes do not match its CRC-32s:
+    :func:`check_archive`); a NaN
     or infinite tensor (weights, optimizer state) raises
     :class:`NonFiniteCheckpointError` (:func:`check_finite`).
 
@@ -210,10 +235,11 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
     """
     path = osp.expanduser(path)
     if not osp.isfile(path):
-        raise FileNotFoundError(f'{what} {path!r} not found')
+        raise InputNotFoundError(f'{what} {path!r} not found')
     with naming_checkpoint(path, what):
         if osp.getsize(path) == 0:
             raise EOFError('empty file')
+        check_archive(path, what)
         weights_only = not unsafe_load_allowed()
         use_mmap = mmap and zipfile.is_zipfile(path)
         checkpoint = torch.load(path, map_location=map_location,

@@ -23,6 +23,8 @@ from typing import Any, List, Optional, Set
 
 import yaml
 
+from .errors import MoPPAInputError
+
 MAX_YAML_NODES = 1_000_000
 MAX_YAML_DEPTH = 500
 YAML_SUFFIXES = ('.yml', '.yaml')
@@ -33,7 +35,7 @@ _JSON_TOKENS = re.compile(rb'"(?:[^"\\\n]|\\.)*"|[\[\]{}]')
 _SafeLoader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(MoPPAInputError, ValueError):
     pass
 
 

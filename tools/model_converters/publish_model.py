@@ -27,14 +27,14 @@ import argparse
 import hashlib
 import io
 import os.path as osp
-import sys
 
 import torch
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models import full_state
 from moppa_mm.utils.atomic import atomic_write
-from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.checkpoints import load_checkpoint_file
+from moppa_mm.utils.errors import MoPPAInputError, show_traceback, stop
 from moppa_mm.utils.config_files import read_config
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
@@ -107,8 +107,12 @@ def main():
     try:
         final_file = publish(args.in_file, args.out_file, args.merge_base, args.config,
                              args.merge)
-    except (OSError, ValueError, KeyError, CheckpointLoadError) as error:  # bad inputs, named
-        sys.exit(f'publish_model.py: {error}')
+    except MoPPAInputError as error:  # our verdicts on the inputs
+        if show_traceback():
+            raise
+        stop('publish_model.py', error)
+    except (OSError, ValueError, KeyError) as error:  # bad inputs, named
+        stop('publish_model.py', error)
     size = osp.getsize(final_file) / 2**20
     print(f'{final_file} ({size:.1f} MiB)')
 

@@ -25,6 +25,7 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from mmengine.runner.checkpoint import find_latest_checkpoint
 
+from moppa_mm.utils.errors import MoPPAInputError
 from moppa_mm.utils.params import short_repr
 
 WORLD_SIZE_KEY = 'moppa_world_size'
@@ -61,7 +62,7 @@ def _literal(node: ast.AST) -> Any:
     raise _NotALiteral
 
 
-class StoredConfigError(ValueError):
+class StoredConfigError(MoPPAInputError, ValueError):
     """The config stored in a checkpoint cannot be read as data."""
 
 

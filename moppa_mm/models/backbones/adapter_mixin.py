@@ -19,7 +19,8 @@ from mmengine.config import ConfigDict
 from mmengine.logging import print_log
 
 from moppa_mm.operators.tracing import is_capturing
-from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.checkpoints import check_archive, load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.errors import MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
 from moppa_mm.operators import moppa_units
@@ -47,7 +48,7 @@ def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], .
                  for kind, patterns, _ in ADAPTER_GROUPS)
 
 
-class NoPretrainedBaseError(RuntimeError):
+class NoPretrainedBaseError(MoPPAInputError, RuntimeError):
     """A backbone with a frozen base was about to train while its base is
     still the random one it was built with."""
 
@@ -262,6 +263,8 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             self._is_init = False  # mmengine's Pretrained init runs once otherwise
             try:
                 with naming_checkpoint(checkpoint, what):
+                    if osp.isfile(checkpoint):  # mmengine's loader ignores the CRCs
+                        check_archive(checkpoint, what)
                     super().init_weights()
             except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
                 if 'is not in the pretrained model' in str(error) and prefix \

@@ -38,6 +38,7 @@ from mmengine.logging import print_log
 from moppa_mm.operators import MoPPAUnit
 from moppa_mm.operators.moppa_unit import FREQ_PARAMS
 from moppa_mm.utils.checkpoints import check_finite
+from moppa_mm.utils.errors import MoPPAInputError
 from moppa_mm.utils.params import few, frozen_state_keys, matches, short_repr
 
 RECORD_FORMAT = 'moppa_mm.adapter/1'
@@ -91,7 +92,7 @@ def _prefix_hint(incoming, lacking) -> str:
             f"set model.backbone.init_cfg.prefix='{prefix}'")
 
 
-class PretrainedMismatchError(RuntimeError):
+class PretrainedMismatchError(MoPPAInputError, RuntimeError):
     """A state dict does not fit the MoPPA backbone it is loaded into."""
 
 
