@@ -25,6 +25,7 @@ import os.path as osp
 import pickle
 import re
 import struct
+import urllib.error
 import zipfile
 from collections import OrderedDict
 from typing import Any, Iterator, List, Optional, Tuple
@@ -186,6 +187,14 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise
     except (FileNotFoundError, PermissionError):
         raise
+    except urllib.error.URLError as error:  # a URL and no network (or no server)
+        if '://' not in path:
+            raise
+        raise CheckpointLoadError(
+            f'{what} {path!r} could not be downloaded ({error.reason}): without a '
+            'network, download it where there is one and give the local file instead '
+            '(for the pre-trained base: --cfg-options '
+            'model.backbone.init_cfg.checkpoint=/path/to/file.pth)') from None
     except _NOT_A_CHECKPOINT as error:
         # the same exception types can come from code run inside the block
         # (e.g. a model's init_weights): named only when the file is no whole

@@ -1,0 +1,149 @@
+"""Our verdicts on a user's input stop the tools with one line and exit status
+1 (no traceback); an error that is not ours keeps its traceback; a checkpoint
+whose bytes do not match its zip CRC-32s is refused, naming the file."""
+import subprocess
+import zipfile
+
+import pytest
+import torch
+
+from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.errors import MoPPAInputError
+from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
+
+
+def run_train(cfg, tmp_path, *args, env=None):
+    return subprocess.run(
+        [PYTHON, 'tools/train.py', dump_cfg(cfg, tmp_path / 'tiny.py'), *args], cwd=REPO,
+        env=env or child_env(), capture_output=True, text=True, timeout=600)
+
+
+def assert_one_line(run, message):
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert 'Traceback' not in run.stderr, run.stderr[-3000:]
+    assert f'train.py: {message}' in run.stderr, run.stderr[-3000:]
+
+
+def test_missing_data_root_is_one_line(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.train_dataloader.dataset.data_root = str(tmp_path / 'nonexistent_root')
+    assert_one_line(run_train(cfg, tmp_path), 'data root not found: train_dataloader.'
+                    f"dataset.data_root = '{tmp_path}/nonexistent_root'")
+
+
+def test_missing_base_checkpoint_is_one_line(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.backbone.init_cfg.checkpoint = str(tmp_path / 'nope_base.pth')
+    assert_one_line(run_train(cfg, tmp_path), 'checkpoint model.backbone.init_cfg.'
+                    f"checkpoint = '{tmp_path}/nope_base.pth' not found")
+
+
+def test_unknown_moppa_option_is_one_line(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.backbone.moppa_cfg = dict(heat_parm='learned')
+    run = run_train(cfg, tmp_path)
+    assert_one_line(run, '')
+    assert "moppa_cfg has unknown option(s) ['heat_parm']" in run.stderr
+    # the traceback on request
+    env = dict(child_env(), MOPPA_TRACEBACK='1')
+    run = run_train(cfg, tmp_path, env=env)
+    assert run.returncode == 1 and 'Traceback' in run.stderr, run.stderr[-3000:]
+
+
+def test_truncated_checkpoint_is_one_line(shapes_data, tmp_path):
+    data = open(shapes_data['pretrained'], 'rb').read()
+    half = tmp_path / 'half.pth'
+    half.write_bytes(data[:len(data) // 2])
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.backbone.init_cfg.checkpoint = str(half)
+    run = run_train(cfg, tmp_path)
+    assert_one_line(run, 'checkpoint model.backbone.init_cfg.checkpoint =')
+    assert 'without its end' in run.stderr
+    assert len(run.stderr.strip().splitlines()[-1]) > 50  # the one line says it all
+
+
+def test_an_error_not_ours_keeps_its_traceback(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.neck.type = 'NoSuchNeck'  # upstream's registry says so, not we
+    run = run_train(cfg, tmp_path)
+    assert run.returncode != 0
+    assert 'Traceback' in run.stderr and 'NoSuchNeck' in run.stderr, run.stderr[-3000:]
+
+
+def test_our_errors_keep_their_builtin_bases():
+    from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError
+    from moppa_mm.models.backbones.adapter_state import AdapterRecordMismatchError
+    from moppa_mm.utils.errors import InputNotFoundError, InputValueError
+    assert issubclass(CheckpointLoadError, (MoPPAInputError, RuntimeError))
+    assert issubclass(AdapterRecordMismatchError, RuntimeError)
+    assert issubclass(NoPretrainedBaseError, MoPPAInputError)
+    assert issubclass(InputNotFoundError, FileNotFoundError)
+    assert issubclass(InputValueError, ValueError)
+
+
+def tensor_record(path):
+    """The name and byte offset of the largest tensor record of a zip checkpoint."""
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if '/data/' in i.filename),
+                   key=lambda i: i.file_size)
+    with open(path, 'rb') as f:  # data starts after the local header
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = (int.from_bytes(f.read(2), 'little') for _ in range(2))
+    return info, info.header_offset + 30 + name_len + extra_len
+
+
+def test_torch_save_writes_real_crcs(tmp_path):
+    path = tmp_path / 'w.pth'
+    torch.save({'head.weight': torch.randn(64, 64)}, path)
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        assert archive.testzip() is None
+    assert all(i.CRC != 0 for i in infos if i.file_size), [(i.filename, i.CRC) for i in infos]
+
+
+@pytest.mark.parametrize('mmap', [False, True])
+def test_flipped_bytes_in_a_tensor_are_refused(tmp_path, mmap):
+    path = tmp_path / 'epoch_1.pth'
+    weight = torch.randn(64, 64)
+    torch.save({'state_dict': {'head.weight': weight}, 'meta': {}}, path)
+    assert torch.equal(load_checkpoint_file(str(path))['state_dict']['head.weight'], weight)
+    info, start = tensor_record(path)
+    data = bytearray(path.read_bytes())
+    data[start + 100:start + 164] = b'\x7f' * 64
+    path.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(path, weights_only=True)['state_dict']['head.weight'],
+                           weight)  # torch alone loads it
+    with pytest.raises(CheckpointLoadError, match='damaged') as error:
+        load_checkpoint_file(str(path), what='checkpoint to test', mmap=mmap)
+    assert f"checkpoint to test '{path}'" in str(error.value)
+    assert repr(info.filename) in str(error.value)
+
+
+def test_damaged_base_is_refused_at_build(shapes_data, tmp_path):
+    """Built without the tools' checks: the backbone's own load of its base."""
+    import moppa_mm  # noqa: F401  registries
+    from mmdet.registry import MODELS
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work')
+    damaged = tmp_path / 'base.pth'
+    damaged.write_bytes(open(shapes_data['pretrained'], 'rb').read())
+    info, start = tensor_record(damaged)
+    data = bytearray(damaged.read_bytes())
+    data[start:start + 64] = b'\x7f' * 64
+    damaged.write_bytes(bytes(data))
+    cfg.model.backbone.init_cfg.checkpoint = str(damaged)
+    with pytest.raises(CheckpointLoadError, match=f"'{damaged}' is damaged"):
+        MODELS.build(cfg.model.backbone)  # the base loads at build
+
+
+def test_unreachable_url_base_is_one_line(shapes_data, tmp_path):
+    import socket
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    url = f'http://127.0.0.1:{port}/swin_tiny_base.pth'
+    cfg.model.backbone.init_cfg.checkpoint = url
+    run = run_train(cfg, tmp_path, env=dict(child_env(), TORCH_HOME=str(tmp_path / 'torch')))
+    assert_one_line(run, f"pre-trained checkpoint model.backbone.init_cfg.checkpoint = {url!r} "
+                    'could not be downloaded')
+    assert 'model.backbone.init_cfg.checkpoint=/path/to/file.pth' in run.stderr
