@@ -147,3 +147,16 @@ def test_unreachable_url_base_is_one_line(shapes_data, tmp_path):
     assert_one_line(run, f"pre-trained checkpoint model.backbone.init_cfg.checkpoint = {url!r} "
                     'could not be downloaded')
     assert 'model.backbone.init_cfg.checkpoint=/path/to/file.pth' in run.stderr
+
+
+def test_a_distributed_stop_exits_non_zero(shapes_data, tmp_path):
+    """Two ranks under torchrun (gloo): the error comes at the model's build,
+    after the process group is up; each rank prints its line and exits 1, and
+    torchrun with it."""
+    from tests.test_tools.resume import train
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.backbone.moppa_cfg = dict(heat_parm='learned')
+    run = train(dump_cfg(cfg, tmp_path / 'tiny.py'), tmp_path / 'work', processes=2)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "train.py: moppa_cfg has unknown option(s) ['heat_parm']" in run.stderr
+    assert 'moppa_config.py' not in run.stderr, run.stderr[-3000:]  # no frame of ours
