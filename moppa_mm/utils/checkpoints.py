@@ -83,7 +83,7 @@ def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
             'and use DST.pth')
     return CheckpointLoadError(
         f'{what} {path!r} could not be read: {describe_file(path)} '
-        f'({type(error).__name__}: {text.strip()[:300]})')
+        f'({type(error).__name__}: {text.strip().split(". ")[0][:300]})')  # not torch's advice
 
 
 def is_npz(path: str) -> bool:
