@@ -160,3 +160,19 @@ def test_a_distributed_stop_exits_non_zero(shapes_data, tmp_path):
     assert run.returncode == 1, run.stderr[-3000:]
     assert "train.py: moppa_cfg has unknown option(s) ['heat_parm']" in run.stderr
     assert 'moppa_config.py' not in run.stderr, run.stderr[-3000:]  # no frame of ours
+
+
+def test_publish_model_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
+    source = tmp_path / 'epoch_1.pth'
+    torch.save({'state_dict': {'head.weight': torch.randn(64, 64)}, 'meta': {}}, source)
+    info, start = tensor_record(source)
+    data = bytearray(source.read_bytes())
+    data[start:start + 64] = b'\x7f' * 64
+    source.write_bytes(bytes(data))
+    run = subprocess.run(
+        [PYTHON, 'tools/model_converters/publish_model.py', str(source),
+         str(tmp_path / 'moppa.pth')], cwd=REPO, env=child_env(), capture_output=True,
+        text=True, timeout=300)
+    assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr[-3000:]
+    assert (f"publish_model.py: checkpoint to publish '{source}' is damaged: the bytes "
+            f'of its record {info.filename!r}') in run.stderr, run.stderr[-3000:]
