@@ -152,7 +152,7 @@ def openmmlab_tool_path(scope: str, mode: str) -> str:
     package = importlib.import_module(scope)
     path = osp.join(osp.dirname(package.__file__), '.mim', 'tools', f'{mode}.py')
     if not osp.isfile(path):
-        raise FileNotFoundError(f'{scope} ships no {path}; reinstall {scope}')
+        raise InputNotFoundError(f'{scope} ships no {path}; reinstall {scope}')
     return path
 
 

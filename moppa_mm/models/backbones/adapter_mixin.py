@@ -20,7 +20,7 @@ from mmengine.logging import print_log
 
 from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import check_archive, load_checkpoint_file, naming_checkpoint
-from moppa_mm.utils.errors import MoPPAInputError
+from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
 from moppa_mm.operators import moppa_units
@@ -106,7 +106,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         which holds the whole backbone."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
-            raise ValueError(
+            raise InputValueError(
                 f'{type(self).__name__}: model.backbone.init_cfg = {init_cfg!r} names a '
                 "checkpoint but no type (a config without an init_cfg, given only "
                 "init_cfg.checkpoint?): set model.backbone.init_cfg.type='Pretrained' "
