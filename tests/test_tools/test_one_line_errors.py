@@ -123,6 +123,7 @@ def test_damaged_base_is_refused_at_build(shapes_data, tmp_path):
     """Built without the tools' checks: the backbone's own load of its base."""
     import moppa_mm  # noqa: F401  registries
     from mmdet.registry import MODELS
+    from mmengine.registry import DefaultScope
     cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work')
     damaged = tmp_path / 'base.pth'
     damaged.write_bytes(open(shapes_data['pretrained'], 'rb').read())
@@ -131,7 +132,8 @@ def test_damaged_base_is_refused_at_build(shapes_data, tmp_path):
     data[start:start + 64] = b'\x7f' * 64
     damaged.write_bytes(bytes(data))
     cfg.model.backbone.init_cfg.checkpoint = str(damaged)
-    with pytest.raises(CheckpointLoadError, match=f"'{damaged}' is damaged"):
+    with pytest.raises(CheckpointLoadError, match=f"'{damaged}' is damaged"), \
+            DefaultScope.overwrite_default_scope('mmdet'):  # whatever an earlier test left
         MODELS.build(cfg.model.backbone)  # the base loads at build
 
 
