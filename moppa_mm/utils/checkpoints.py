@@ -27,6 +27,7 @@ import re
 import struct
 import urllib.error
 import zipfile
+import zlib
 from collections import OrderedDict
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -216,7 +217,9 @@ def check_archive(path: str, what: str = 'checkpoint') -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
-    except (zipfile.BadZipFile, EOFError, NotImplementedError) as error:
+    # a record the zip reader cannot inflate (zlib.error) or whose compression it
+    # does not know: torch.load would fail on it too
+    except (zipfile.BadZipFile, EOFError, NotImplementedError, zlib.error) as error:
         raise _explain(path, what, error) from None
     if damaged is not None:
         raise CheckpointLoadError(

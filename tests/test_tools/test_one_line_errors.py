@@ -101,6 +101,19 @@ def test_torch_save_writes_real_crcs(tmp_path):
     assert all(i.CRC != 0 for i in infos if i.file_size), [(i.filename, i.CRC) for i in infos]
 
 
+def test_a_compressed_record_that_cannot_be_inflated_is_named(tmp_path):
+    """An archive whose deflated record is damaged makes zipfile raise
+    zlib.error, not the CRC mismatch: named as well, no bare zlib.error."""
+    path = tmp_path / 'deflated.pth'
+    with zipfile.ZipFile(path, 'w', compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr('archive/data.pkl', b'abc' * 3000)
+    data = bytearray(path.read_bytes())
+    data[30 + len('archive/data.pkl')] = 0x07  # the first deflate block: an invalid type
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointLoadError, match=f"checkpoint '{path}'"):
+        load_checkpoint_file(str(path))
+
+
 @pytest.mark.parametrize('mmap', [False, True])
 def test_flipped_bytes_in_a_tensor_are_refused(tmp_path, mmap):
     path = tmp_path / 'epoch_1.pth'
