@@ -181,7 +181,8 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise _explain(path, what, error) from error
     except RuntimeError as error:  # torch's zip reader: truncated archives, .npz
         if 'PytorchStreamReader' in str(error) or 'zip archive' in str(error) \
-                or is_npz(path):
+                or is_npz(path) or any(  # a zip, not torch's: its reader's words
+                    text in str(error) for text in ('hasRecord', 'inline_container')):
             raise _explain(path, what, error) from error
         if 'legacy .tar format' in str(error) and osp.isfile(path):
             raise _unreadable(path, what, error) from error

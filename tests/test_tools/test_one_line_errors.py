@@ -112,6 +112,12 @@ def test_a_compressed_record_that_cannot_be_inflated_is_named(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointLoadError, match=f"checkpoint '{path}'"):
         load_checkpoint_file(str(path))
+    for name in ('notes.txt', 'archive/notes.txt'):  # whole zips, not PyTorch's
+        other = tmp_path / 'other.zip'
+        with zipfile.ZipFile(other, 'w') as archive:
+            archive.writestr(name, 'hello')
+        with pytest.raises(CheckpointLoadError, match=f"checkpoint '{other}'"):
+            load_checkpoint_file(str(other))
 
 
 @pytest.mark.parametrize('mmap', [False, True])
