@@ -99,19 +99,10 @@ class ViTAdapterMixin(AdapterMixin):
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
             ablation, the scale & shift adapters stay). Defaults to True.
         use_scale_shift (bool): Add the scale & shift adapters. Defaults to True.
-        freeze_pretrained (bool): Freeze all but the adapters when built (the head
-            lives outside the backbone and stays trainable). Defaults to True.
-        route_loss_weight (float): ``w`` of the route regularisation (paper Eq. 13),
-            ``loss_route`` in the model's losses; 0 turns it off. Defaults to 1.0.
-        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or ``'auto'``
-            (default: epochs when the run has more than one).
-        strict_adapter_record (bool): Stop (default) or, False, warn when a
-            checkpoint's adapter record disagrees, cannot be read or is absent.
-        merged (bool): Build merged for inference (:meth:`merge_adapters`), to load
-            a merged checkpoint. False (default): the ``Pretrained`` checkpoint of
-            ``init_cfg`` is loaded when the backbone is built.
-        random_base (bool): The frozen base is random on purpose (benchmarks, tests);
-            otherwise training without a pre-trained base stops. Defaults to False.
+        freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
+            merged, random_base: The build options, as for the Swin
+            (:class:`~.swin_adapters.SwinAdapterMixin`), with the same defaults
+            (``freeze_pretrained`` leaves the head, outside the backbone, trainable).
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
