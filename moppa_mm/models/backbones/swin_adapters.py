@@ -169,8 +169,8 @@ class SwinAdapterMixin(AdapterMixin):
         strict_adapter_record (bool): Stop (default) or, False, warn when a
             checkpoint's adapter record disagrees, cannot be read or is absent.
         merged (bool): Build merged for inference (:meth:`merge_adapters`), to load
-            a merged checkpoint. False (default): the ``Pretrained`` checkpoint of
-            ``init_cfg`` is loaded when the backbone is built.
+            a merged checkpoint (``publish_model.py --merge``). False (default): the
+            ``Pretrained`` checkpoint of ``init_cfg`` is loaded when built.
         random_base (bool): The frozen base is random on purpose (benchmarks, tests);
             otherwise training without a pre-trained base stops. Defaults to False.
     """
