@@ -10,26 +10,16 @@ __all__ = [
     'MoPPASwinTransformerCls', 'MoPPAVisionTransformer', 'ViTMoPPAUnit'
 ]
 
-
-def _register_mmseg_backbones() -> None:
-    """MMSegmentation's MoPPA backbones, registered where mmsegmentation is
-    installed (the ``seg`` extra); without it, nothing. An mmseg that is
-    installed but does not import (mmseg.utils needs ftfy, regex and
-    prettytable, which it does not declare) gets a warning with the fix."""
-    if importlib.util.find_spec('mmseg') is None:
-        return
+# MMSegmentation's MoPPA backbones, where mmsegmentation is installed (the seg
+# extra). An mmseg that does not import (mmseg.utils needs ftfy, regex and
+# prettytable, which it does not declare) gets a warning with the fix.
+if importlib.util.find_spec('mmseg') is not None:
     try:
-        from .moppa_swin_seg import MoPPASwinTransformerSeg
-        from .moppa_vit_seg import MoPPAVisionTransformerSeg
+        from .moppa_swin_seg import MoPPASwinTransformerSeg  # noqa: F401
+        from .moppa_vit_seg import MoPPAVisionTransformerSeg  # noqa: F401
+        __all__ += ['MoPPASwinTransformerSeg', 'MoPPAVisionTransformerSeg']
     except ImportError as error:
         warnings.warn(f'moppa_mm: mmsegmentation is installed but does not import '
                       f'({error}); its MoPPA backbones are not registered. Install '
                       "moppa_mm's seg extra: pip install -e '.[seg]' (mmsegmentation "
                       'with ftfy, regex and prettytable)')
-        return
-    globals().update(MoPPASwinTransformerSeg=MoPPASwinTransformerSeg,
-                     MoPPAVisionTransformerSeg=MoPPAVisionTransformerSeg)
-    __all__.extend(['MoPPASwinTransformerSeg', 'MoPPAVisionTransformerSeg'])
-
-
-_register_mmseg_backbones()

@@ -1,24 +1,12 @@
-"""MoPPA Vision Transformer for MMPretrain (paper Sec. 4, Tables 2-4).
-
-A subclass of mmpretrain's ``VisionTransformer``: after ``super().__init__()``
-every layer gets a MoPPA unit before self-attention, on the patch-token grid
-(extra tokens such as the class token pass unchanged), plus learnable scale &
-shift (RLRR/SSF style, paper supplementary) on the patch embedding, the attention
-value and output projections and both MLP layers. Each layer is a
-:class:`MoPPAEncoderLayer`, whose forward runs the unit; the linear layers and
-the patch projection run their scale & shift
-(:mod:`moppa_mm.models.layers.scale_shift`). The base parameter names are
-unchanged, so mmpretrain / timm / JAX checkpoints (through
-:mod:`moppa_mm.models.converters`) load as they are.
-
-The units need the patch grid, which only the patch embedding knows (a token
-count such as 63 may be 7 x 9 or 9 x 7): :meth:`MoPPAVisionTransformer.forward`
-is the base class's with the grid handed to every layer.
+"""The MoPPA Vision Transformer, written once (:class:`ViTAdapterMixin`), and
+its MMPretrain registration (paper Sec. 4, Tables 2-4); MMSegmentation's is in
+:mod:`.moppa_vit_seg`.
 """
 import math
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
+import torch.nn as nn
 from mmcv.cnn.bricks.drop import DropPath
 from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.models.backbones.vision_transformer import TransformerEncoderLayer
@@ -86,49 +74,35 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
         return self.ffn(self.ln2(x), identity=x)
 
 
-@MODELS.register_module()
-class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
-    """Vision Transformer with MoPPA units and scale & shift adapters.
+class ViTAdapterMixin(AdapterMixin):
+    """The MoPPA ViT, mixed into a package's ``VisionTransformer`` (before
+    it). After the base ``__init__`` every layer becomes its MoPPA subclass
+    (``LAYER_CLASSES``, whose forward runs the unit) and gets a MoPPA unit
+    before self-attention, on the patch-token grid (extra tokens such as the
+    class token pass unchanged), plus scale & shift (RLRR/SSF style, paper
+    supplementary) on the patch embedding, the attention
+    (:meth:`_attach_scale_shift`) and both MLP layers. Base parameter names are
+    unchanged: the package's checkpoints (mmpretrain's, timm's and JAX's
+    through :mod:`moppa_mm.models.converters`; mmseg's) load as they are.
 
-    All arguments of mmpretrain's ``VisionTransformer`` are accepted, plus
-    those below. ``frozen_stages`` freezes the adapters inside the frozen parts
-    too (the patch embedding's scale & shift, the frozen layers' adapters), as
-    in the MoPPA Swin. The backbone's forward hands each layer the patch grid;
-    a layer called on its own without one infers it from its token count.
+    The units need the patch grid, which only the patch embedding knows (63
+    tokens may be 7 x 9 or 9 x 7): the package's class writes out its ``forward``
+    with the grid handed to every layer. Like mmpretrain's ViT it has
+    ``num_extra_tokens`` and ``patch_resolution``, the patch grid at ``img_size``
+    (the units' reference grid; other grids resize the frequency maps).
 
     Args:
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
-            (:class:`~moppa_mm.models.MoPPAConfig`: ``eta``, ``init_mode``,
-            ``heat_param``, ``experts``, ...); unset ones take the shipped
-            recipe's defaults.
+            (:class:`~moppa_mm.models.MoPPAConfig`); unset ones take the shipped
+            recipe's.
         moppa_heads (int, optional): MoPPA heads; defaults to the attention's.
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
-            ablation; the scale & shift adapters stay). Defaults to True.
+            ablation, the scale & shift adapters stay). Defaults to True.
         use_scale_shift (bool): Add the scale & shift adapters. Defaults to True.
-        freeze_pretrained (bool): Freeze everything except the adapters when
-            built (the head lives outside the backbone and stays trainable).
-            Defaults to True.
-        route_loss_weight (float): ``w`` of the route regularisation (paper
-            Eq. 13), added to the model's loss dict as ``loss_route``; 0 turns
-            it off. Defaults to 1.0.
-        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or
-            ``'auto'`` (epochs when the run has more than one). Defaults to
-            ``'auto'``.
-        strict_adapter_record (bool): Stop when a checkpoint's adapter record
-            disagrees with this model, cannot be read or is absent (default);
-            False warns instead.
-        merged (bool): Build the backbone merged for inference
-            (:meth:`merge_adapters`), to load a merged checkpoint
-            (``publish_model.py --merge``). Defaults to False: the ``Pretrained``
-            checkpoint of ``init_cfg`` is loaded when the backbone is built.
-        random_base (bool): The frozen base is random on purpose (benchmarks,
-            tests); otherwise training without a pre-trained base stops
-            (:class:`~.adapter_mixin.AdapterMixin`). Defaults to False.
-
-    With ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm
-    of the pooled patch tokens, ``ln2``, which no pre-trained base has: it
-    trains with the adapters (``fresh_params``; the parameter table and the
-    adapter record name it), and a base without it loads.
+        freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
+            merged, random_base: The build options, as for the Swin
+            (:class:`~.swin_adapters.SwinAdapterMixin`), with the same defaults
+            (``freeze_pretrained`` leaves the head, outside the backbone, trainable).
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
@@ -136,54 +110,49 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
     FINGERPRINT_SKIPS = ('pos_embed', )  # resized to img_size on load
     ADAPTER_TYPES = (ViTMoPPAUnit, ScaleShift)
     PRETRAINED_LABEL = 'pre-trained ViT'
+    LAYER_CLASSES: Dict[type, type] = {}
 
-    def __init__(self,
-                 *args,
-                 moppa_cfg: Optional[dict] = None,
-                 moppa_heads: Optional[int] = None,
-                 use_moppa: bool = True,
-                 use_scale_shift: bool = True,
-                 freeze_pretrained: bool = True,
-                 route_loss_weight: float = 1.0,
-                 route_schedule: str = 'auto',
-                 strict_adapter_record: bool = True,
-                 merged: bool = False,
-                 random_base: bool = False,
-                 **kwargs) -> None:
-        self.moppa_config = moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
+    def __init__(self, *args, moppa_cfg: Optional[dict] = None, moppa_heads: Optional[int] = None,
+                 use_moppa: bool = True, use_scale_shift: bool = True,
+                 freeze_pretrained: bool = True, route_loss_weight: float = 1.0,
+                 route_schedule: str = 'auto', strict_adapter_record: bool = True,
+                 merged: bool = False, random_base: bool = False, **kwargs) -> None:
+        moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
         super().__init__(*args, **kwargs)
         self.moppa_config = moppa_config
         self.use_moppa = use_moppa
         self.use_scale_shift = use_scale_shift
-        grid = tuple(self.patch_embed.init_out_size)  # (H, W) at img_size
+        self.embed_dims = self.patch_embed.projection.out_channels  # mmseg's ViT has none
         for layer in self.layers:
-            swap_class(layer, {TransformerEncoderLayer: MoPPAEncoderLayer})
+            swap_class(layer, self.LAYER_CLASSES)
             if use_moppa:
                 heads = moppa_heads or layer.attn.num_heads
-                layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid,
+                layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, tuple(self.patch_resolution),
                                            **moppa_config.unit_kwargs())
                 layer.moppa.num_extra_tokens = self.num_extra_tokens
             if use_scale_shift:
-                attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
+                self._attach_scale_shift(layer)
         if use_scale_shift:
             scale_shift_projection(self.patch_embed, self.embed_dims)
-        # the pooled tokens' norm (MAE's fc_norm) is new in fine-tuning: it trains
-        self.fresh_params = ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
-        if self.frozen_stages > 0:  # the adapters of frozen parts freeze too
-            self._freeze_stages()
+        if getattr(self, 'frozen_stages', 0) > 0:  # mmpretrain's: the frozen
+            self._freeze_stages()  # parts' adapters freeze too
         self._build_base(merged)
 
+    def _attach_scale_shift(self, layer: nn.Module) -> None:
+        """Scale & shift the layer's value and output projections and MLP."""
+        attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
+
     def arch_record(self) -> dict:
-        return dict(embed_dims=self.embed_dims, num_layers=self.num_layers,
+        return dict(embed_dims=self.embed_dims, num_layers=len(self.layers),
                     num_heads=self.layers[0].attn.num_heads,
                     feedforward_channels=self.layers[0].ffn.feedforward_channels,
                     patch_size=list(self.patch_embed.projection.kernel_size),
-                    img_grid=list(self.patch_embed.init_out_size),
+                    img_grid=list(self.patch_resolution),
                     num_extra_tokens=self.num_extra_tokens)
 
     def adapter_options(self) -> dict:
@@ -194,6 +163,26 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         if self.fresh_params:  # recorded only where there are any (earlier records)
             options['fresh_params'] = list(self.fresh_params)
         return options
+
+
+@MODELS.register_module()
+class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
+    """mmpretrain's ``VisionTransformer`` (all its arguments) with the adapters
+    and arguments of :class:`ViTAdapterMixin`, whose defaults it keeps: MoPPA
+    units, scale & shift on the attention's value and output projections too.
+    ``frozen_stages`` freezes the adapters inside the frozen parts too. With
+    ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm of the
+    pooled patch tokens, ``ln2``, which no pre-trained base has: it trains with
+    the adapters (``fresh_params``; the parameter table and the adapter record
+    name it), and a base without it loads.
+    """
+
+    LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
+
+    @property
+    def fresh_params(self) -> Tuple[str, ...]:
+        """The pooled tokens' norm (MAE's fc_norm), new in fine-tuning."""
+        return ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
 
     def forward(self, x: torch.Tensor) -> tuple:
         """mmpretrain's ``VisionTransformer.forward`` with one change: every

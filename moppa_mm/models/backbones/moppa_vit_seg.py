@@ -1,31 +1,15 @@
-"""MoPPA Vision Transformer for MMSegmentation (its ViT-UperNet configs).
-
-A subclass of MMSegmentation's ``VisionTransformer`` with the adapters of the
-MMPretrain MoPPA ViT (:mod:`.moppa_vit`): every layer gets a MoPPA unit before
-self-attention, on the patch-token grid (the class token passes unchanged),
-and scale & shift on the patch embedding and both MLP layers. MMSegmentation's
-layers run torch's ``nn.MultiheadAttention``, which reads its fused input
-projection and its output projection as weights, not as layers: they have no
-scale & shift here (the MMPretrain ViT scales the value and output
-projections too). The base parameter names are unchanged, so MMSegmentation's
-ViT bases (its ``vit2mmseg.py`` conversion) load through its own
-``init_weights``; ``out_indices``, ``with_cls_token``, ``final_norm`` and the
-rest keep their meaning. Registered in MMSegmentation's ``MODELS`` as
-``MoPPAVisionTransformer``.
-"""
+"""MoPPA Vision Transformer for MMSegmentation (its ViT-UperNet configs)."""
 from typing import Optional, Tuple
 
 import torch
+import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmseg.models.backbones import VisionTransformer
 from mmseg.models.backbones.vit import TransformerEncoderLayer
 from mmseg.registry import MODELS
 
-from ..layers import ScaleShift
-from ..layers.scale_shift import attach_ffn_scale_shift, scale_shift_projection
-from .adapter_mixin import AdapterMixin
-from .class_swap import swap_class
-from .moppa_vit import ViTMoPPAUnit
+from ..layers.scale_shift import attach_ffn_scale_shift
+from .moppa_vit import ViTAdapterMixin
 
 
 class MoPPAEncoderLayerSeg(TransformerEncoderLayer):
@@ -52,76 +36,29 @@ class MoPPAEncoderLayerSeg(TransformerEncoderLayer):
 
 
 @MODELS.register_module(name='MoPPAVisionTransformer')
-class MoPPAVisionTransformerSeg(AdapterMixin, VisionTransformer):
-    """MMSegmentation's Vision Transformer with MoPPA units and scale & shift.
-
-    All arguments of mmseg's ``VisionTransformer`` are accepted (``img_size``,
-    ``out_indices``, ``with_cls_token``, ``pretrained``, ...), plus
-    ``moppa_cfg``, ``moppa_heads``, ``use_moppa``, ``use_scale_shift``,
-    ``freeze_pretrained``, ``route_loss_weight``, ``route_schedule``,
-    ``strict_adapter_record``, ``merged`` and ``random_base``, with the
-    meaning and defaults they have in the MMPretrain
-    :class:`~.moppa_vit.MoPPAVisionTransformer`. The units'
-    reference grid is the patch grid at ``img_size`` (32 x 32 for 512 px and
-    16 px patches); other grids (sliding-window or whole-image tests) resize
-    the frequency maps.
+class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
+    """mmseg's ``VisionTransformer`` (all its arguments: ``img_size``,
+    ``out_indices``, ``with_cls_token``, ``pretrained``...) with the adapters,
+    arguments and defaults of :class:`~.moppa_vit.ViTAdapterMixin`, registered in
+    mmseg's ``MODELS`` as ``MoPPAVisionTransformer``. Its layers run torch's
+    ``nn.MultiheadAttention``, which reads its input and output projections as
+    weights, not layers: only the patch embedding and the MLPs have scale &
+    shift. mmseg's bases (``vit2mmseg.py``) load through its ``init_weights``.
     """
 
-    RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size
-    RECORD_MAY_DIFFER = ('arch.img_grid', 'adapters.grid')
-    FINGERPRINT_SKIPS = ('pos_embed', )  # resized to img_size on load
-    ADAPTER_TYPES = (ViTMoPPAUnit, ScaleShift)
-    PRETRAINED_LABEL = 'pre-trained ViT'
+    LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayerSeg}
 
-    def __init__(self,
-                 *args,
-                 moppa_cfg: Optional[dict] = None,
-                 moppa_heads: Optional[int] = None,
-                 use_moppa: bool = True,
-                 use_scale_shift: bool = True,
-                 freeze_pretrained: bool = True,
-                 route_loss_weight: float = 1.0,
-                 route_schedule: str = 'auto',
-                 strict_adapter_record: bool = True,
-                 merged: bool = False,
-                 random_base: bool = False,
-                 **kwargs) -> None:
-        moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
-        super().__init__(*args, **kwargs)
-        self.moppa_config = moppa_config
-        self.use_moppa = use_moppa
-        self.use_scale_shift = use_scale_shift
-        self.embed_dims = self.cls_token.shape[-1]
-        grid = (self.img_size[0] // self.patch_size,
-                self.img_size[1] // self.patch_size)  # (H, W) at img_size
-        for layer in self.layers:
-            swap_class(layer, {TransformerEncoderLayer: MoPPAEncoderLayerSeg})
-            if use_moppa:
-                heads = moppa_heads or layer.attn.num_heads
-                layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, grid,
-                                           **moppa_config.unit_kwargs())
-                layer.moppa.num_extra_tokens = int(self.with_cls_token)
-            if use_scale_shift:
-                attach_ffn_scale_shift(layer.ffn)
-        if use_scale_shift:
-            scale_shift_projection(self.patch_embed, self.embed_dims)
-        self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
-                           strict_adapter_record, random_base)
-        self._build_base(merged)
+    @property
+    def num_extra_tokens(self) -> int:
+        return int(self.with_cls_token)
 
-    def arch_record(self) -> dict:
-        return dict(embed_dims=self.embed_dims, num_layers=len(self.layers),
-                    num_heads=self.layers[0].attn.num_heads,
-                    feedforward_channels=self.layers[0].ffn.feedforward_channels,
-                    patch_size=list(self.patch_embed.projection.kernel_size),
-                    img_grid=[s // self.patch_size for s in self.img_size],
-                    num_extra_tokens=int(self.with_cls_token))
+    @property
+    def patch_resolution(self) -> Tuple[int, int]:
+        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
 
-    def adapter_options(self) -> dict:
-        units = [layer.moppa for layer in self.layers if hasattr(layer, 'moppa')]
-        return dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
-                    moppa_heads=[unit.num_heads for unit in units],
-                    grid=list(units[0].grid_size) if units else None)
+    def _attach_scale_shift(self, layer: nn.Module) -> None:
+        """Scale & shift the layer's MLP (its attention has no linear layers)."""
+        attach_ffn_scale_shift(layer.ffn)
 
     def forward(self, inputs: torch.Tensor) -> tuple:
         """mmseg's ``VisionTransformer.forward`` with one change: every layer

@@ -1,23 +1,19 @@
-"""What the MoPPA Swin backbones share (MMDetection's and MMPretrain's Swin
-have the same block structure): the MoPPA unit and conv adapter, the block and
-window attention whose ``forward`` runs them, and the mixin that puts them (and
-the optional scale & shift) in every block after the base ``__init__``.
-
-Both packages' ``SwinBlock.forward(x, hw_shape)`` runs ``norm1``, ``attn``
-(a ``ShiftWindowMSA``, whose ``w_msa(windows, mask=...)`` is the
-``WindowMSA`` with ``qkv`` and ``proj``), ``norm2`` and ``ffn(x, identity=...)``
-(mmcv's ``FFN``). Each block is swapped for a subclass
-(:class:`MoPPASwinBlockMixin` with the package's ``SwinBlock``) whose forward
-is written out with the adapters in it, and, for the window scope, its
-``w_msa`` for one (:class:`MoPPAWindowMSAMixin`) that runs the unit on the
-windows. The adapters stay registered on the block (``moppa``,
-``conv_adapter``), where the checkpoints have them.
+"""The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin
+(the same block structure): the MoPPA unit and conv adapter; the mixins that
+write out the forward of the package's ``SwinBlock`` with the adapters in it
+(the window-scope unit runs inside ``WindowMSA``); :class:`SwinAdapterMixin`,
+which swaps every block for its MoPPA subclass after the base ``__init__`` and
+registers the adapters on it (``moppa``, ``conv_adapter``: the checkpoints'
+keys); and :func:`register_swin`, which makes and registers each package's
+class.
 """
+import functools
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
+from mmengine.registry import Registry
 
 from moppa_mm.operators import MoPPAUnit
 from ..layers import ConvAdapter, ScaleShift
@@ -76,16 +72,22 @@ class SwinConvAdapter(ConvAdapter):
             batch, -1, channels)  # (B, H*W, C)
 
 
-def window_reverse(windows: torch.Tensor, h: int, w: int, window_size: int) -> torch.Tensor:
-    """(B*nW, Ws, Ws, C) windows of an (H, W) grid -> (B, H, W, C), the batch
-    read off the windows (``-1``). The packages' own ``window_reverse`` works B
-    out with a float division and ``int()``: a constant in a traced graph (an
-    ONNX graph exported at batch 2 misreads batch 3) and a specialisation that
-    makes ``torch.export`` refuse a dynamic batch."""
-    channels = windows.shape[-1]
-    x = windows.view(-1, h // window_size, w // window_size, window_size,
-                     window_size, channels)  # (B, H/Ws, W/Ws, Ws, Ws, C)
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, channels)  # (B, H, W, C)
+class MoPPAShiftWindowMSAMixin:
+    """Mixed into a package's ``ShiftWindowMSA``: its ``window_reverse`` reads
+    the batch off the windows (``-1``). The packages' own work B out with a
+    float division and ``int()``: a constant in a traced graph (an ONNX graph
+    exported at batch 2 misreads batch 3) and a specialisation that makes
+    ``torch.export`` refuse a dynamic batch."""
+
+    def window_reverse(self, windows: torch.Tensor, h: int, w: int,
+                       window_size: Optional[int] = None) -> torch.Tensor:
+        """(B*nW, Ws, Ws, C) windows of an (H, W) grid -> (B, H, W, C);
+        ``window_size`` as mmpretrain passes it, else the module's (mmdet, mmseg)."""
+        window_size = window_size or self.window_size
+        channels = windows.shape[-1]
+        x = windows.view(-1, h // window_size, w // window_size, window_size,
+                         window_size, channels)  # (B, H/Ws, W/Ws, Ws, Ws, C)
+        return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, h, w, channels)  # (B, H, W, C)
 
 
 class MoPPAWindowMSAMixin:
@@ -133,74 +135,57 @@ class MoPPASwinBlockMixin:
 
 
 class SwinAdapterMixin(AdapterMixin):
-    """Mixed into a Swin subclass (before the base class): adds the adapters
-    to every block after the base ``__init__``.
-
-    Subclasses set ``IMG_SIZE_ARG``, the base class's argument for the
-    pre-training image size (the ``global`` scope's reference grids), and the
-    defaults of the switches in their own ``__init__`` signature.
+    """The MoPPA Swin: mixed into a package's ``SwinTransformer`` (before it) by
+    :func:`register_swin`, it adds the adapters to every block after the base
+    ``__init__``. The class takes all arguments of the package's Swin, plus these.
 
     Args:
-        moppa_scope (str): Where the unit's DCT runs. ``'window'``: on the
-            same (shifted) windows the attention sees, so ``L`` is the window's
-            token count as in the paper's parameter formula, and no resizing
-            is needed. ``'global'``: on the block's whole feature map, with
-            frequency parameters on a reference grid (the stage's grid at the
-            pre-training image size) resized to the runtime grid.
+        moppa_scope (str): Where the unit's DCT runs. ``'window'`` (default): on the
+            (shifted) windows the attention sees, so ``L`` is the window's token count
+            as in the paper's parameter formula. ``'global'``: on the block's whole
+            feature map, its frequency parameters on the stage's grid at the
+            pre-training image size (``pretrain_img_size``, mmpretrain's
+            ``img_size``) resized to the runtime grid.
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
-            (:class:`~moppa_mm.models.MoPPAConfig`: ``eta``, ``init_mode``,
-            ``heat_param``, ``experts``, ...); unset ones take the shipped
-            recipe's defaults. The unit uses the stage's attention heads.
-        adapter_ratio (float): Bottleneck of the conv adapter,
-            ``hidden = round(C / adapter_ratio)``.
+            (:class:`~moppa_mm.models.MoPPAConfig`); unset ones take the shipped
+            recipe's. The unit uses the stage's attention heads.
+        adapter_ratio (float): The conv adapter's bottleneck, ``hidden = round(C /
+            adapter_ratio)``. The default 7.25 puts Swin-B's trainable backbone
+            parameters (window 7, units and conv adapters) at 3.21M, +0.8% of the
+            paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M).
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
-            ablation, the other adapters stay).
-        use_conv_adapter (bool): Add a 3x3 conv adapter before every FFN.
+            ablation, the other adapters stay). Defaults to True.
+        use_conv_adapter (bool): Add a 3x3 conv adapter before every FFN (the
+            package's default: its class says).
         use_scale_shift (bool): Add scale & shift (RLRR/SSF style) on the patch
-            embedding, the attention's value and output projections and both
-            FFN layers, as the paper does for classification.
-        freeze_pretrained (bool): Freeze every parameter except the adapters
-            when built, so that DDP sees the final trainable set.
-        route_loss_weight (float): ``w`` of the route regularisation (paper
-            Eq. 13), added to the model's loss dict as ``loss_route``; 0 turns
-            it off.
-        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or
-            ``'auto'`` (epochs when the run has more than one).
-        strict_adapter_record (bool): Stop when a checkpoint's adapter record
-            disagrees with this model, cannot be read or is absent; False
-            warns instead.
-        merged (bool): Build the backbone merged for inference
-            (:meth:`merge_adapters`), to load a merged checkpoint
-            (``publish_model.py --merge``). False (default): the ``Pretrained``
-            checkpoint of ``init_cfg`` is loaded when the backbone is built.
-        random_base (bool): The frozen base is random on purpose (benchmarks,
-            tests); otherwise training without a pre-trained base stops
-            (:class:`~.adapter_mixin.AdapterMixin`). Defaults to False.
+            embedding, the attention's value and output projections and both FFN
+            layers, as the paper does for classification (the package's default).
+        freeze_pretrained (bool): Freeze all but the adapters when built, so that DDP
+            sees the final trainable set. Defaults to True.
+        route_loss_weight (float): ``w`` of the route regularisation (paper Eq. 13),
+            ``loss_route`` in the model's losses; 0 turns it off. Defaults to 1.0.
+        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or ``'auto'``
+            (default: epochs when the run has more than one).
+        strict_adapter_record (bool): Stop (default) or, False, warn when a
+            checkpoint's adapter record disagrees, cannot be read or is absent.
+        merged (bool): Build merged for inference (:meth:`merge_adapters`), to load
+            a merged checkpoint (``publish_model.py --merge``). False (default): the
+            ``Pretrained`` checkpoint of ``init_cfg`` is loaded when built.
+        random_base (bool): The frozen base is random on purpose (benchmarks, tests);
+            otherwise training without a pre-trained base stops. Defaults to False.
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
     PRETRAINED_LABEL = 'pre-trained Swin'
-    IMG_SIZE_ARG = 'pretrain_img_size'
-    # the package's classes -> their MoPPA subclasses (set by each backbone)
-    BLOCK_CLASSES: Dict[type, type] = {}
-    WINDOW_MSA_CLASSES: Dict[type, type] = {}
-    SHIFT_WINDOW_MSA_CLASSES: Dict[type, type] = {}  # batch-free window_reverse
+    IMG_SIZE_ARG = 'pretrain_img_size'  # the package's pre-training image size argument
+    LAYER_CLASSES: Dict[type, type] = {}  # the package's block classes -> their MoPPA ones
 
-    def __init__(self,
-                 *args,
-                 moppa_scope: str,
-                 moppa_cfg: Optional[dict],
-                 adapter_ratio: float,
-                 use_moppa: bool,
-                 use_conv_adapter: bool,
-                 use_scale_shift: bool,
-                 freeze_pretrained: bool,
-                 route_loss_weight: float = 1.0,
-                 route_schedule: str = 'auto',
-                 strict_adapter_record: bool = True,
-                 merged: bool = False,
-                 random_base: bool = False,
-                 **kwargs) -> None:
+    def __init__(self, *args, moppa_scope: str = 'window', moppa_cfg: Optional[dict] = None,
+                 adapter_ratio: float = 7.25, use_moppa: bool = True, use_conv_adapter: bool,
+                 use_scale_shift: bool, freeze_pretrained: bool = True,
+                 route_loss_weight: float = 1.0, route_schedule: str = 'auto',
+                 strict_adapter_record: bool = True, merged: bool = False,
+                 random_base: bool = False, **kwargs) -> None:
         if moppa_scope not in SCOPES:
             raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
                              f'of {SCOPES}')
@@ -215,16 +200,14 @@ class SwinAdapterMixin(AdapterMixin):
         self.use_conv_adapter = use_conv_adapter
         self.use_scale_shift = use_scale_shift
         pretrain_size = kwargs.get(self.IMG_SIZE_ARG, 224)
-        pretrain_size = pretrain_size if isinstance(pretrain_size, int) \
-            else pretrain_size[0]
+        pretrain_size = pretrain_size if isinstance(pretrain_size, int) else pretrain_size[0]
         patch_size = kwargs.get('patch_size', 4)
         for stage_idx, stage in enumerate(self.stages):
             global_grid = max(pretrain_size // (patch_size * 2**stage_idx), 1)
             for block in stage.blocks:
                 self._add_adapters(block, global_grid)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed,
-                                   self.patch_embed.projection.out_channels)
+            scale_shift_projection(self.patch_embed, self.patch_embed.projection.out_channels)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
         self._build_base(merged)
@@ -259,8 +242,8 @@ class SwinAdapterMixin(AdapterMixin):
         """Swap ``block`` for its MoPPA subclass and register the adapters on
         it (after the base parameters: their names and order are those of the
         checkpoints)."""
-        swap_class(block, self.BLOCK_CLASSES)
-        swap_class(block.attn, self.SHIFT_WINDOW_MSA_CLASSES)
+        swap_class(block, self.LAYER_CLASSES)
+        swap_class(block.attn, self.LAYER_CLASSES)
         w_msa = block.attn.w_msa
         embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
         if self.use_moppa:
@@ -270,10 +253,39 @@ class SwinAdapterMixin(AdapterMixin):
                                         **self.moppa_config.unit_kwargs())
             block.moppa.scope = self.moppa_scope
             if window:
-                swap_class(w_msa, self.WINDOW_MSA_CLASSES)
+                swap_class(w_msa, self.LAYER_CLASSES)
                 refer_to(w_msa, 'window_unit', block.moppa)
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
         if self.use_scale_shift:
             attach_scale_shift(w_msa, block.ffn, embed_dims)
+
+
+def register_swin(registry: Registry, swin: type, block: type, window_msa: type,
+                  shift_window_msa: type, suffix: str, module: str, doc: str,
+                  img_size_arg: str, pretrained_may_lack: Tuple[str, ...] = (),
+                  **defaults) -> type:
+    """Make ``MoPPASwinTransformer<suffix>``, :class:`SwinAdapterMixin` on a
+    package's ``swin`` (its ``block``, ``window_msa`` and ``shift_window_msa``
+    classes get MoPPA subclasses, ``MoPPASwinBlock<suffix>``..., attributes of
+    the class), with ``defaults`` for the mixin's arguments, ``doc``,
+    ``__module__ = module`` (for pickle), the name of the package's
+    pre-training image size argument and ``PRETRAINED_MAY_LACK``; register it
+    in the package's ``registry`` as ``MoPPASwinTransformer``. Its name is the
+    adapter record's ``backbone``, which checkpoints keep."""
+    name = 'MoPPASwinTransformer' + suffix
+    backbone = type(name, (SwinAdapterMixin, swin), dict(
+        __module__=module, __qualname__=name, __doc__=doc,
+        __init__=functools.partialmethod(SwinAdapterMixin.__init__, **defaults),
+        IMG_SIZE_ARG=img_size_arg, PRETRAINED_MAY_LACK=pretrained_may_lack, LAYER_CLASSES={}))
+    for mixin, upstream in ((MoPPASwinBlockMixin, block), (MoPPAWindowMSAMixin, window_msa),
+                            (MoPPAShiftWindowMSAMixin, shift_window_msa)):
+        layer_name = f'MoPPA{upstream.__name__}{suffix}'
+        layer = type(layer_name, (mixin, upstream), dict(
+            __module__=module, __qualname__=f'{name}.{layer_name}',
+            __doc__=f'``{upstream.__module__}.{upstream.__name__}`` with '
+                    f':class:`{mixin.__name__}`.'))
+        setattr(backbone, layer_name, layer)
+        backbone.LAYER_CLASSES[upstream] = layer
+    return registry.register_module('MoPPASwinTransformer', module=backbone)

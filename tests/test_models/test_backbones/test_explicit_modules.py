@@ -2,6 +2,7 @@
 replaced ``forward``, ``print(model)`` shows what runs, and the state-dict keys
 (and the trainable parameters' order) are those of the hook-based wiring."""
 import copy
+import pickle
 
 import pytest
 import torch
@@ -97,6 +98,25 @@ def test_forward_registers_no_hooks(name):
     assert module_hooks(copy.deepcopy(model)) == expected
     assert not torch_module._global_forward_hooks
     assert not torch_module._global_forward_pre_hooks
+
+
+def assert_copies_equal(model: nn.Module, x: torch.Tensor) -> None:
+    """EMA's deepcopy, and a pickle round trip (the classes made per package,
+    the Swins and their layer classes, are found where they are bound), give
+    the same modules and outputs."""
+    with torch.no_grad():
+        expected = model.eval()(x)
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert [type(m) for m in other.modules()] == [type(m) for m in model.modules()]
+        with torch.no_grad():
+            for out, want in zip(other(x), expected):
+                torch.testing.assert_close(out, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_deepcopy_and_pickle_give_the_same_model(name):
+    build, size, _ = MODELS[name]
+    assert_copies_equal(build(random_base=True), torch.randn(1, 3, size, size))
 
 
 def test_print_shows_what_runs_where():

@@ -17,6 +17,7 @@ import moppa_mm  # noqa: E402,F401
 from moppa_mm.models import (MoPPASwinTransformerSeg,  # noqa: E402
                              MoPPAVisionTransformerSeg)
 from tests.conftest import REPO, child_env  # noqa: E402
+from .test_explicit_modules import assert_copies_equal  # noqa: E402
 
 TINY_SWIN = dict(embed_dims=16, depths=(2, 2), num_heads=(1, 2), strides=(4, 2),
                  out_indices=(0, 1), window_size=4, drop_path_rate=0.)
@@ -90,6 +91,12 @@ def test_vit_without_cls_token():
     model = MoPPAVisionTransformerSeg(**TINY_VIT, with_cls_token=False, random_base=True)
     assert model.layers[0].moppa.num_extra_tokens == 0
     assert model(torch.randn(1, 3, 32, 48))[1].shape == (1, 16, 4, 6)
+
+
+@pytest.mark.parametrize('cls, kwargs', [(MoPPASwinTransformerSeg, TINY_SWIN),
+                                         (MoPPAVisionTransformerSeg, TINY_VIT)])
+def test_deepcopy_and_pickle_give_the_same_model(cls, kwargs):
+    assert_copies_equal(cls(**kwargs, random_base=True), torch.randn(1, 3, 32, 48))
 
 
 def test_swin_refuses_a_base_of_another_backbone(tmp_path):

@@ -1,5 +1,7 @@
 """The MoPPA Swin in mmpretrain's registry: in an ImageClassifier, official
 release checkpoints through the ``swin`` converter, the switches, the budget."""
+import inspect
+
 import pytest
 import torch
 from mmdet.registry import MODELS as DET_MODELS
@@ -43,6 +45,21 @@ def official_release(plain):
 def test_registered_in_mmpretrain_under_the_detection_name():
     assert MODELS.get('MoPPASwinTransformer') is MoPPASwinTransformerCls
     assert DET_MODELS.get('MoPPASwinTransformer') is MoPPASwinTransformer
+
+
+@pytest.mark.parametrize('cls, conv_adapter, scale_shift', [
+    (MoPPASwinTransformerCls, False, True), (MoPPASwinTransformer, True, False)])
+def test_each_registration_passes_its_defaults(cls, conv_adapter, scale_shift):
+    """One implementation; the signature (``help()``) shows the package's
+    defaults, and a model built without the switches has them."""
+    defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+    assert (defaults['use_conv_adapter'], defaults['use_scale_shift']) == (
+        conv_adapter, scale_shift)
+    assert defaults['moppa_scope'] == 'window' and defaults['random_base'] is False
+    kwargs = TINY if cls is MoPPASwinTransformerCls else dict(**ARCH, out_indices=(0, 1))
+    model = cls(**kwargs)
+    assert (model.use_conv_adapter, model.use_scale_shift) == (conv_adapter, scale_shift)
+    assert any('conv_adapter' in n for n, _ in model.named_parameters()) == conv_adapter
 
 
 def test_trains_a_step_in_an_image_classifier():
