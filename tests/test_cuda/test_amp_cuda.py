@@ -2,8 +2,9 @@
 run it, with mmengine's ``AmpOptimWrapper`` (what ``--amp`` selects) in
 bfloat16 and float16: every MoPPA backbone trains a step (mmdet's and
 mmseg's at the backbone: a detector's RoIAlign needs mmcv's compiled ops),
-MMPretrain classifiers train through their own ``train_step``, and a training
-step's forward and backward and an eval forward make no host-device sync.
+MMPretrain classifiers train through their own ``train_step``, a training
+step's forward and backward and an eval forward make no host-device sync, and
+a float16 overflow stops a Runner naming its likely cause.
 
 The CPU twin, tests/test_models/test_mixed_precision.py, checks the dtypes
 CUDA's kernels accept; these run the kernels."""
@@ -11,7 +12,9 @@ import pytest
 import torch
 from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import MODELS, init_default_scope
+from mmengine.runner import Runner
 
+from tests.test_engine.test_non_finite_loss_hook import kitti, kitti_cfg  # noqa: F401
 from tests.test_models.test_mixed_precision import BACKBONES, build, outputs_loss
 
 pytestmark = pytest.mark.cuda
@@ -102,3 +105,15 @@ def test_no_host_sync_in_a_training_step_or_an_eval_forward(name, dtype):
             backbone(images)  # the second eval forward uses the units' cached filters
     finally:
         torch.cuda.set_sync_debug_mode('default')
+
+
+def test_float16_overflow_stops_the_runner_naming_the_cause(kitti, tmp_path):  # noqa: F811
+    """The real VTAB-1K config with ``--amp``'s wrapper in float16 and an eta
+    small enough for the Poisson field (~ H1 H2 / 3 eta at the DC frequency)
+    to exceed float16's range: the first iteration stops, naming the cause."""
+    cfg = kitti_cfg(kitti, tmp_path)
+    cfg.optim_wrapper.update(type='AmpOptimWrapper', dtype='float16')
+    cfg.model.backbone.moppa_cfg = dict(eta=1e-12)
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(FloatingPointError, match=r"float16.*bfloat16.*or a larger eta"):
+        runner.train()
