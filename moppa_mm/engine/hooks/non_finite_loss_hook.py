@@ -60,8 +60,9 @@ class NonFiniteLossHook(Hook):
     flag per iteration, so every rank stops at the same iteration (a rank that
     stopped alone would leave the others waiting in their next gradient
     all-reduce). Where the run autocasts to float16 and the model holds MoPPA
-    units, the error names that as the likely cause (the units check nothing
-    themselves: a check per forward would stall the GPU).
+    units, the error names that as the likely cause: the diagnosis is made here,
+    once a loss is bad, not by a check in the units' forward, which would stall
+    the GPU at every step.
     """
 
     priority = 'ABOVE_NORMAL'
