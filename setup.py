@@ -77,9 +77,12 @@ setup(
         'scipy',
     ],
     extras_require={
-        # openmim: `mim search/train/test moppa_mm`, tested through its CLI
-        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard', 'flake8>=7',
-                  'openmim>=0.3.9,<0.4'],
+        'tests': ['pytest>=7', 'scipy>=1.10', 'tensorboard', 'flake8>=7'],
+        # `mim search/train/test moppa_mm` (tests/test_tools/test_mim.py). Apart: openmim
+        # needs opendatalab -> openxlab, whose releases after 0.0.11 pin setuptools~=60.2
+        # (and older rich, packaging, filelock), which pip would install over the ones a
+        # CUDA environment has; tools/install.sh installs it with openxlab==0.0.11
+        'mim': ['openmim>=0.3.9,<0.4'],
         'vis': ['tensorboard'],  # TensorboardVisBackend (route weights, losses)
         # tools/deployment/pytorch2onnx.py: torch's exporters (onnxscript for the
         # default one, through torch.export) and onnxruntime for --verify

@@ -15,9 +15,9 @@ from benchmarks.targets import TARGETS, check, table_rows
 HEADER = ('# Benchmarks\n\nRegenerate with `.venv/bin/python benchmarks/run.py`; '
           'each device type keeps its own section.\n\n')
 # the report's order, which is not the order the sections run in
-SUMMARY_ORDER = ('vit', 'swin', 'swin_block', 'inference', 'dct', 'unit', 'functions',
+SUMMARY_ORDER = ('vit', 'swin', 'amp', 'swin_block', 'inference', 'dct', 'unit', 'functions',
                  'profiles')
-TABLE_ORDER = ('unit', 'functions', 'dct', 'vit', 'swin', 'swin_block', 'inference',
+TABLE_ORDER = ('unit', 'functions', 'dct', 'vit', 'swin', 'amp', 'swin_block', 'inference',
                'profiles')
 
 

@@ -119,6 +119,36 @@ def block_step(block: nn.Module, x: torch.Tensor, train: bool) -> Callable:
     return step
 
 
+def launches_per_call(fn: Callable, device: torch.device) -> int:
+    """What one call of ``fn`` launches, after a warm-up call: on CUDA the
+    device-side events torch.profiler records (kernels, memcpy, memset), which
+    a launch-bound step pays for one by one; on CPU, where nothing is
+    launched, the aten calls dispatched, the proxy."""
+    fn()  # warm
+    if device.type == 'cuda':
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync(device)
+        return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CallCounter(TorchDispatchMode):
+
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with CallCounter() as counter:
+        fn()
+    return counter.calls
+
+
 def top_ops(fn: Callable, device: torch.device, rows: int = 8) -> List[Dict]:
     """The operators of one call of ``fn`` with the most self time (CPU time;
     on CUDA, device time), after one warm-up call."""

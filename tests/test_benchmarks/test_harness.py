@@ -21,7 +21,7 @@ CPU = torch.device('cpu')
 
 @pytest.fixture(scope='module')
 def quick_results():
-    """Every section once, on tiny models (about 2 s)."""
+    """Every section once, on tiny models (a few seconds)."""
     torch.manual_seed(0)
     return {name: section.run(CPU, quick=True) for name, section in SECTIONS.items()}
 
@@ -43,7 +43,7 @@ def test_targets_table_is_well_formed():
     for target in TARGETS:
         assert target.direction in ('<=', '>='), target
         assert target.style in ('ratio', 'change'), target
-        assert target.id.split('.')[0] in ('vit_b', 'swin_b', 'infer'), target
+        assert target.id.split('.')[0] in ('vit_b', 'swin_b', 'infer', 'amp'), target
 
 
 def test_every_section_is_in_the_report():
@@ -63,6 +63,16 @@ def test_every_section_runs_and_every_target_is_measured(quick_results):
         assert metrics[f'infer.{kind}.compiled_max_abs_diff'] < 1e-4
         assert metrics[f'infer.{kind}.merged_over_merged'] == 1.0
     assert 0 < metrics['swin_b.mac_floor.moppa_window'] < 1
+    # bfloat16 at GPU sizes: every variant timed, what it launches counted (aten calls on
+    # CPU), full fine-tuning trains every weight, the frozen Swin none
+    for kind in ('vit_b', 'swin_b'):
+        assert metrics[f'amp.{kind}.step.full_over_full'] == 1.0
+        assert metrics[f'amp.{kind}.memory.full_over_full'] == 1.0
+        assert metrics[f'amp.{kind}.launches.moppa' + ('_window' if kind == 'swin_b' else '')] > \
+            metrics[f'amp.{kind}.launches.full'] > 0
+    assert metrics['amp.vit_b.trainable.full'] > metrics['amp.vit_b.trainable.lora'] > 0
+    assert metrics['amp.swin_b.trainable.frozen_backward'] == 0
+    assert metrics['amp.swin_b.saved_mb.frozen_backward'] > 0  # backward through it
     # the conv adapter's bottleneck comes from the model: round(32 / 7.25) = 4 channels
     hidden, dims, window = 4, 32, 49
     assert metrics['swin_block.conv_adapter_mac_share'] == pytest.approx(
@@ -88,7 +98,8 @@ def test_report_shows_each_target_with_its_status(quick_results):
                     'Custom autograd Functions vs the plain path',
                     'ViT-B/16 training step', 'Swin-B backbone training step',
                     'Swin-B stage-3 block', 'Where the Swin-B time goes', '### Profile:',
-                    'Inference: ViT-B/16 eval forward', 'Inference: Swin-B backbone'):
+                    'Inference: ViT-B/16 eval forward', 'Inference: Swin-B backbone',
+                    'bfloat16 ViT-B/16 training step', 'bfloat16 Swin-B backbone training step'):
         assert heading in text, heading
     # the unit options timed are the shipped ones, and the report says which
     assert (f"MoPPA unit options: init_mode={MoPPAConfig.init_mode!r}, "
@@ -142,6 +153,19 @@ def test_one_section_through_the_cli_keeps_the_other_device_sections(tmp_path, c
     report.merge(str(out), '## CPU: again\n\nnew\n', CPU)
     text = out.read_text()
     assert text.count('## CPU:') == 1 and 'new' in text and 'kept' in text
+
+
+def test_a_full_size_cpu_run_skips_the_gpu_sizes():
+    """ViT-B at batch 64 would take minutes a step on CPU; the section says so."""
+    result = SECTIONS['amp'].run(CPU, quick=False)
+    assert result.metrics == {} and result.tables == []
+    assert 'not run on CPU' in result.summary[0] and '--device cuda' in result.summary[0]
+
+
+def test_launches_are_counted_per_call():
+    from benchmarks.timing import launches_per_call
+    x = torch.randn(4, 4)
+    assert launches_per_call(lambda: x.mm(x).relu(), CPU) == 2  # mm, relu
 
 
 def test_a_run_of_some_sections_writes_no_report_unless_asked():

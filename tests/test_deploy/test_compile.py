@@ -1,7 +1,9 @@
 """torch.compile: the MoPPA backbones' eval and training forwards, merged or
-not, are one dynamo graph (no break anywhere, mmcv's drop path included), and
+not, are one dynamo graph (no break anywhere, mmcv's drop path included); a
+compiled training step (AOT autograd) gives eager's loss and gradients; and
 the unit compiles with ``fullgraph=True``, forward and backward, to the eager
-result."""
+result. Inductor itself (C++ kernels on CPU take minutes to build), freezing
+included, is tested on a GPU: tests/test_cuda/test_compile_cuda.py."""
 import contextlib
 import copy
 
@@ -52,3 +54,34 @@ def test_the_unit_compiles_with_fullgraph():
     compiled.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), eager.eval()(x))
+
+
+def loss_and_grads(model, images, directions):
+    """A loss along fixed random ``directions`` (one per output: the outputs
+    are normed, so their squares would sum to a constant) and the gradients
+    of the trainable parameters."""
+    model.zero_grad()
+    loss = sum((out * direction).sum() for out, direction in zip(model(images), directions))
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('cfg,scope', [(VIT, 'mmpretrain'), (SWIN, 'mmdet')],
+                         ids=['vit', 'swin'])
+def test_compiled_training_step_gives_eager_gradients(cfg, scope):
+    """Forward and backward through AOT autograd (the graph inductor compiles
+    in training, where the custom autograd functions take their plain path)."""
+    backbone = trained(build(dict(cfg, random_base=True, drop_path_rate=0.), scope)).train()
+    eager = copy.deepcopy(backbone)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        directions = [torch.randn_like(out) for out in eager(images)]
+    torch._dynamo.reset()
+    compiled = torch.compile(backbone, backend='aot_eager', fullgraph=True)
+    loss, grads = loss_and_grads(compiled, images, directions)
+    expected_loss, expected_grads = loss_and_grads(eager, images, directions)
+    torch.testing.assert_close(loss, expected_loss)
+    assert grads and len(grads) == len(expected_grads)
+    for grad, ref in zip(grads, expected_grads):  # relative to each gradient's size
+        assert ref.norm() > 0 and (grad - ref).norm() <= 1e-4 * ref.norm()

@@ -1,7 +1,9 @@
 """A non-finite loss stops training at once, naming the iteration and the loss
-terms, and no checkpoint with NaN weights is written."""
+terms (and, under float16 autocast with MoPPA units, the likely cause), and no
+checkpoint with NaN weights is written."""
 import glob
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -41,8 +43,9 @@ def test_zero_std_stops_at_iteration_1_and_saves_nothing(kitti, tmp_path):
     with pytest.raises(FloatingPointError,
                        match=r'non-finite loss at iteration 1 \(epoch 1, lr [\d.e+-]+\): '
                              r'loss=nan; finite terms: loss_route=-?[\d.]+\. '
-                             r'Training stopped.*Check the learning rate'):
+                             r'Training stopped.*Check the learning rate') as error:
         runner.train()
+    assert 'float16' not in str(error.value)  # float32 training: no autocast to blame
     assert glob.glob(osp.join(str(tmp_path), '**', '*.pth'), recursive=True) == []
 
 
@@ -53,13 +56,40 @@ def test_finite_losses_train_and_checkpoint(kitti, tmp_path):
     assert osp.isfile(osp.join(str(tmp_path), 'iter_2.pth'))
 
 
+@pytest.mark.parametrize('dtype,use_moppa,named', [
+    ('float16', True, True), (None, True, True),  # None: autocast's default, float16 on CUDA
+    ('bfloat16', True, False), ('float16', False, False)])
+def test_float16_autocast_with_moppa_units_is_named_as_the_likely_cause(
+        kitti, tmp_path, monkeypatch, dtype, use_moppa, named):
+    """The Runner's own ``AmpOptimWrapper`` (what ``--amp`` selects; it refuses
+    to be built without a GPU, so the check is lifted) and the hook called as
+    the Runner calls it after a step whose loss overflowed."""
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
+
+    from moppa_mm.engine.hooks import NonFiniteLossHook
+    monkeypatch.setattr(amp_optimizer_wrapper, 'is_cuda_available', lambda: True)
+    cfg = kitti_cfg(kitti, tmp_path)
+    cfg.optim_wrapper.update(type='AmpOptimWrapper', dtype=dtype)
+    cfg.model.backbone.use_moppa = use_moppa
+    runner = Runner.from_cfg(cfg)
+    runner.optim_wrapper = runner.build_optim_wrapper(runner.optim_wrapper)  # as train() does
+    overflow = {'loss': torch.tensor(float('inf'))}
+    with pytest.raises(FloatingPointError, match=r'non-finite loss at iteration 1') as error:
+        NonFiniteLossHook().after_train_iter(runner, 0, outputs=overflow)
+    cause = (r"Likely cause: float16 autocast \(AmpOptimWrapper\) with MoPPA units, whose "
+             r"Poisson term a3 H1 / \(w\^2 \+ eta\) grows as 1 / eta at the DC frequency.*"
+             r"Use bfloat16 \(--amp with optim_wrapper.dtype='bfloat16'\) or float32, or a "
+             r"larger eta \(model.backbone.moppa_cfg.eta\). Check the learning rate")
+    assert bool(re.search(cause, str(error.value))) == named
+
+
 def _check_on_rank(rank, init_file, results):
     import torch.distributed as dist
 
     from moppa_mm.engine.hooks import NonFiniteLossHook
 
-    class IterationOnly:  # the two fields the hook reads from the Runner
-        iter, epoch = 4, 0
+    class IterationOnly:  # the fields the hook reads from the Runner
+        iter, epoch, optim_wrapper = 4, 0, None
 
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank,
                             world_size=2)

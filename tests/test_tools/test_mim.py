@@ -15,8 +15,8 @@ DEMO = 'cascade-mask-rcnn_moppa-swin-demo_fpn_shapes'  # reads data/shapes_demo/
 
 
 def mim(*args, cwd):
-    assert osp.isfile(MIM), (f'no {MIM}: openmim comes with the tests extra '
-                             '(pip install -e ".[tests]", as tools/install.sh does)')
+    assert osp.isfile(MIM), (f'no {MIM}: openmim comes with the mim extra '
+                             '(pip install -e ".[mim]", as tools/install.sh does)')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}  # the install's
     env.setdefault('OMP_NUM_THREADS', '1')
     result = subprocess.run([MIM, *args], cwd=cwd, env=env, capture_output=True,

@@ -5,7 +5,10 @@ from typing import Dict, Optional
 import torch
 from mmengine.dist import all_reduce
 from mmengine.hooks import Hook
+from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 from mmengine.registry import HOOKS
+
+from moppa_mm.operators import moppa_units
 
 
 def _as_float(value) -> float:
@@ -24,6 +27,22 @@ def _learning_rates(runner) -> str:
     return f', lr {" / ".join(values)}' if values else ''
 
 
+def _float16_moppa_cause(runner) -> str:
+    """The likely cause where the run autocasts to float16 (``--amp``'s
+    default on CUDA) and the model holds MoPPA units, or ``''``."""
+    wrappers = runner.optim_wrapper.values() if isinstance(
+        runner.optim_wrapper, OptimWrapperDict) else [runner.optim_wrapper]
+    float16 = any(isinstance(w, AmpOptimWrapper) and w.cast_dtype in (None, torch.float16)
+                  for w in wrappers)  # None: autocast's default, float16 on CUDA
+    if not float16 or not moppa_units(runner.model):
+        return ''
+    return ('Likely cause: float16 autocast (AmpOptimWrapper) with MoPPA units, whose '
+            'Poisson term a3 H1 / (w^2 + eta) grows as 1 / eta at the DC frequency and '
+            "can exceed float16's range (65504). Use bfloat16 (--amp with "
+            "optim_wrapper.dtype='bfloat16') or float32, or a larger eta "
+            '(model.backbone.moppa_cfg.eta). ')
+
+
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
     """Raise ``FloatingPointError`` at the first iteration whose loss is NaN or
@@ -40,7 +59,10 @@ class NonFiniteLossHook(Hook):
     Under distributed training the ranks agree through one ``all_reduce`` of a
     flag per iteration, so every rank stops at the same iteration (a rank that
     stopped alone would leave the others waiting in their next gradient
-    all-reduce).
+    all-reduce). Where the run autocasts to float16 and the model holds MoPPA
+    units, the error names that as the likely cause: the diagnosis is made here,
+    once a loss is bad, not by a check in the units' forward, which would stall
+    the GPU at every step.
     """
 
     priority = 'ABOVE_NORMAL'
@@ -66,7 +88,8 @@ class NonFiniteLossHook(Hook):
         raise FloatingPointError(
             f'non-finite loss at iteration {runner.iter + 1} (epoch '
             f'{runner.epoch + 1}{lr}): {terms}; finite terms: {finite}. Training '
-            f'stopped before this iteration could be checkpointed. Check the '
+            f'stopped before this iteration could be checkpointed. '
+            f'{_float16_moppa_cause(runner)}Check the '
             f'learning rate (a rate too high for the model diverges: lower it, e.g. '
             f'optim_wrapper.optimizer.lr), the data preprocessor (std must be '
             f'non-zero), the input data and, at the first iterations, the checkpoints '

@@ -1,4 +1,6 @@
 """The 3x3 convolution adapter that MoPPA puts before each Swin FFN (paper supp.)."""
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -96,8 +98,16 @@ def _pad_bottleneck(width, down_w, down_b, conv_w, conv_b, up_w):
             F.pad(up_w, (0, extra)))
 
 
-def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+def _recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
+    """``norm(norm_input)`` again in backward, where autocast is off: in the
+    widest dtype of the input and the norm's parameters, every tensor cast to
+    it, as autocast computes a norm (float32 on CUDA, whose kernels refuse a
+    bfloat16 input with float32 weights; CPU's accept the mix)."""
+    params = (norm.weight, norm.bias)
+    dtype = functools.reduce(torch.promote_types,
+                             [p.dtype for p in params if p is not None], norm_input.dtype)
+    weight, bias = (None if p is None else p.to(dtype) for p in params)
+    return F.layer_norm(norm_input.to(dtype), norm.normalized_shape, weight, bias, norm.eps)
 
 
 class _ConvAdapterFunction(torch.autograd.Function):
@@ -160,7 +170,7 @@ class _ConvAdapterFunction(torch.autograd.Function):
         grad_down_w = grad_down_b = None
         if needs[3]:
             with torch.no_grad():
-                x = _layer_norm(ctx.norm, norm_input).reshape(-1, embed_dims)
+                x = _recompute_norm(ctx.norm, norm_input).reshape(-1, embed_dims)
             grad_down_w = grad_hidden.t().mm(x.to(dtype))
         if needs[4]:
             grad_down_b = grad_hidden.sum(0)
