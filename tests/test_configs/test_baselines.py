@@ -180,7 +180,7 @@ def test_trained_baseline_tests_to_its_accuracy_from_its_checkpoint(tmp_path, me
     from mmengine.config import ConfigDict
     from mmengine.runner import Runner
 
-    from moppa_mm.demo_cls import make_vtab_task
+    from demo.vtab_task import make_vtab_task
     from tests.conftest import PYTHON, child_env
 
     root = str(tmp_path / 'vtab-1k')
