@@ -45,20 +45,21 @@ def _check_head_classes(cfg, where: str, ds) -> None:
             'classes: set model.head.num_classes to the number of classes')
 
 
-# the heads whose num_classes mmdet needs equal to the data set's class count:
-# a smaller head fails in training (mmdet's losses index it with the label), a
-# larger one in evaluation (CocoMetric maps each predicted label to a category)
-DETECTION_HEAD_KEYS = ('bbox_head', 'mask_head')
+# the heads whose num_classes mmdet and mmseg need equal to the data set's class
+# count: a smaller head fails in training (the losses index it with the label:
+# a bare IndexError), a larger one in evaluation (CocoMetric maps each predicted
+# label to a category) or not at all (mmseg counts the extra class as wrong)
+CLASS_HEAD_KEYS = ('bbox_head', 'mask_head', 'decode_head', 'auxiliary_head')
 
 
-def _detection_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
-    """``(config key, num_classes)`` of every class-specific bbox and mask head
-    (every stage of a cascade's lists)."""
+def _class_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
+    """``(config key, num_classes)`` of every class-specific bbox, mask, decode
+    and auxiliary head (every stage of a cascade's lists)."""
     if isinstance(node, dict):
         for key, value in node.items():
             path = f'{where}.{key}'
-            if key not in DETECTION_HEAD_KEYS:
-                yield from _detection_heads(value, path)
+            if key not in CLASS_HEAD_KEYS:
+                yield from _class_heads(value, path)
                 continue
             heads = value if isinstance(value, (list, tuple)) else [value]
             for i, head in enumerate(heads):
@@ -68,15 +69,25 @@ def _detection_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
                     yield head_where, head['num_classes']
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
-            yield from _detection_heads(value, f'{where}[{i}]')
+            yield from _class_heads(value, f'{where}[{i}]')
 
 
-def _detection_dataset_class(type_name) -> Optional[type]:
-    """The mmdet data set class a dataset config builds, if it is one."""
+def _detection_or_seg_dataset_class(type_name) -> Optional[type]:
+    """The mmdet or mmseg data set class a dataset config builds, if it is one."""
     from mmdet.datasets import BaseDetDataset
     from mmdet.registry import DATASETS as MMDET_DATASETS
-    cls = MMDET_DATASETS.get(type_name) if isinstance(type_name, str) else type_name
-    return cls if isinstance(cls, type) and issubclass(cls, BaseDetDataset) else None
+    families = [(MMDET_DATASETS, BaseDetDataset)]
+    try:
+        from mmseg.datasets import BaseSegDataset
+        from mmseg.registry import DATASETS as MMSEG_DATASETS
+        families.append((MMSEG_DATASETS, BaseSegDataset))
+    except ImportError:  # the seg extra is not installed
+        pass
+    for registry, base in families:
+        cls = registry.get(type_name) if isinstance(type_name, str) else type_name
+        if isinstance(cls, type) and issubclass(cls, base):
+            return cls
+    return None
 
 
 def _some(names: Sequence[str], shown: int = 10) -> str:
@@ -139,12 +150,12 @@ def _local_coco_file(cls: type, ds) -> Optional[str]:
     return path if osp.isfile(path) else None
 
 
-def _check_detection_classes(cfg, where: str, ds) -> None:
-    """Every bbox and mask head has as many classes as the data set, whose
-    classes come from its ``metainfo``, else the data set class's
-    ``METAINFO``, else (COCO format) the file's categories; for COCO files,
-    the classes must be categories of the file, in its order."""
-    cls = _detection_dataset_class(ds.get('type'))
+def _check_class_heads(cfg, where: str, ds) -> None:
+    """Every bbox, mask, decode and auxiliary head has as many classes as the
+    data set, whose classes come from its ``metainfo``, else the data set
+    class's ``METAINFO``, else (COCO format) the file's categories; for COCO
+    files, the classes must be categories of the file, in its order."""
+    cls = _detection_or_seg_dataset_class(ds.get('type'))
     if cls is None:
         return
     coco_file = _local_coco_file(cls, ds)
@@ -160,16 +171,16 @@ def _check_detection_classes(cfg, where: str, ds) -> None:
     if classes is None:
         return
     classes = tuple(classes)
-    wrong = [(key, n) for key, n in _detection_heads(cfg.get('model') or {})
+    wrong = [(key, n) for key, n in _class_heads(cfg.get('model') or {})
              if n != len(classes)]
     if wrong:
         heads = ', '.join(f'{key}.num_classes = {n}' for key, n in wrong)
         raise InputValueError(
             f'{heads}, but {where} has {len(classes)} classes '
-            f'({_some(classes)}; {source}): mmdet needs each bbox and mask head to '
-            f'predict exactly the data set\'s classes (a label beyond a head fails '
-            f'in training, a predicted label beyond the data set in evaluation). '
-            f'Set those num_classes to {len(classes)}, or the data set\'s '
+            f'({_some(classes)}; {source}): each of those heads must predict exactly '
+            'the data set\'s classes (a label beyond a head fails in training, a '
+            'predicted label beyond the data set in evaluation). Set those '
+            f'num_classes to {len(classes)}, or the data set\'s '
             'metainfo=dict(classes=...) to the classes the heads predict.')
     if coco_file is not None:
         _check_coco_categories(where, classes, source, coco_file)
@@ -235,6 +246,17 @@ def _check_moved_options(cfg) -> None:
 
 def _is_remote(path: str) -> bool:
     return '://' in str(path)
+
+
+def _check_work_dir(work_dir: str) -> None:
+    """A work dir (or a folder above it) that is a file: mmengine's
+    ``os.makedirs`` fails with a traceback."""
+    path = osp.abspath(work_dir)
+    while not osp.exists(path):
+        path = osp.dirname(path)
+    if not osp.isdir(path):
+        raise InputValueError(f'work_dir = {work_dir!r} (--work-dir): {path!r} is a file, '
+                              'not a folder; pass a folder for the logs and checkpoints')
 
 
 def _pretrained_checkpoints(node, where: str) -> Iterator[Tuple[str, str, Optional[str]]]:
@@ -327,12 +349,15 @@ def check_config(cfg, mode: str = 'train') -> None:
     data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
     ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
     Also checks the class counts: a classification head against a VTAB-1K or
-    FGVC task, every bbox and mask head against an mmdet data set's classes
-    (and those against a COCO file's categories); and that a config with a
-    MoPPA backbone does not set the old top-level ``route_loss_weight``.
+    FGVC task, every bbox, mask, decode and auxiliary head against an mmdet or
+    mmseg data set's classes (and those against a COCO file's categories);
+    that ``work_dir`` is no file; and that a config with a MoPPA backbone does
+    not set the old top-level ``route_loss_weight``.
     """
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
+    if cfg.get('work_dir') and not _is_remote(cfg.work_dir):
+        _check_work_dir(cfg.work_dir)
     from moppa_mm.models.converters import check_converted
     from moppa_mm.utils.checkpoints import load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
@@ -369,7 +394,7 @@ def check_config(cfg, mode: str = 'train') -> None:
             if not osp.isfile(path):
                 raise InputNotFoundError(
                     f'annotation file not found: {where}.ann_file = {path!r}')
-        _check_detection_classes(cfg, where, ds)
+        _check_class_heads(cfg, where, ds)
     for where, path in _evaluator_ann_files(cfg, mode):
         if not _is_remote(path) and not osp.isfile(path):
             raise InputNotFoundError(f'annotation file not found: {where} = {path!r}')
