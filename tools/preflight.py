@@ -1,8 +1,12 @@
 """Checks that fail in seconds, with the culprit named, instead of hours in:
 what ``tools/train.py`` and ``tools/test.py`` run on the final config before
 the Runner is built (:func:`check_config`)."""
+import json
+import mmap
+import os
 import os.path as osp
-from typing import Iterator, Optional, Sequence, Tuple
+import re
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from mmengine.logging import print_log
 
@@ -96,6 +100,62 @@ def _some(names: Sequence[str], shown: int = 10) -> str:
     return few(map(repr, names), shown)
 
 
+# a COCO file's category list: its key (not inside a string, where a quote is
+# escaped), then the list, parsed by ``json``
+_CATEGORIES_KEY = b'"categories"'
+_THEN_A_LIST = re.compile(rb'\s*:\s*(?=\[)')
+
+
+def _is_category_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(c, dict) and 'id' in c and isinstance(c.get('name'), str)
+        for c in value)
+
+
+def _json_value_at(data: mmap.mmap, start: int):
+    """The JSON value that starts at byte ``start`` of ``data``, parsed from a
+    window that grows until the value fits (None if it never does)."""
+    decoder = json.JSONDecoder()
+    window = 1 << 16
+    while True:
+        text = data[start:start + window].decode('utf-8', errors='replace')
+        try:
+            return decoder.raw_decode(text)[0]
+        except json.JSONDecodeError:
+            if start + window >= len(data):
+                return None
+            window *= 8
+
+
+def read_coco_categories(ann_file: str) -> Optional[List[dict]]:
+    """The ``categories`` of a COCO annotation file, read without parsing the
+    rest of it (COCO's train2017 file is 450 MB; the data set parses it once,
+    when it is built).
+
+    The file is mapped, not read, and searched from its end (where COCO files
+    keep the list) for the key; the list is parsed by ``json`` alone (nothing
+    is evaluated). Returns None when the file has no such list of ``{"id",
+    "name", ...}`` objects that parses: the data set's own loader then names
+    the fault.
+    """
+    with open(ann_file, 'rb') as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            end = len(data)
+            while True:  # the last key that holds such a list, as json.load keeps
+                key = data.rfind(_CATEGORIES_KEY, 0, end)
+                if key < 0:
+                    return None
+                end = key
+                then = _THEN_A_LIST.match(data, key + len(_CATEGORIES_KEY))
+                if then is None or (key > 0 and data[key - 1:key] == b'\\'):
+                    continue
+                value = _json_value_at(data, then.end())
+                if _is_category_list(value):
+                    return value
+
+
 def _check_coco_categories(where: str, classes: Sequence[str], source: str,
                            ann_file: str) -> None:
     """mmdet keeps the annotations of the file's categories whose names are in
@@ -103,7 +163,6 @@ def _check_coco_categories(where: str, classes: Sequence[str], source: str,
     train on a subset). A name the file lacks, or another order, is no subset:
     the names and labels no longer match (and evaluation maps a label to a
     category that is not there)."""
-    from moppa_mm.datasets.coco import read_coco_categories
     categories = read_coco_categories(ann_file)
     if categories is None:
         return  # the data set's loader names what is wrong with the file
@@ -165,7 +224,6 @@ def _check_class_heads(cfg, where: str, ds) -> None:
         classes = cls.METAINFO['classes']
         source = f'{cls.__name__}.METAINFO, as {where} sets no metainfo'
     if classes is None and coco_file is not None:
-        from moppa_mm.datasets.coco import read_coco_categories
         classes = [c['name'] for c in read_coco_categories(coco_file) or []] or None
         source = f'the categories of {coco_file}'
     if classes is None:
