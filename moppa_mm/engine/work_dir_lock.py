@@ -1,18 +1,10 @@
-"""One training run per work dir.
-
-Two runs in one work dir (a sweep launched twice, a resume started while the
-first run still trains) resume from and overwrite each other's checkpoints,
-and both exit 0. :func:`work_dir_lock` takes an exclusive ``flock`` on the
-work-dir folder itself, so no file in it can be deleted to lift the lock; the
-holder's process id, host, start time and command go to
-``<work_dir>/.moppa_train.lock`` for the line a second run stops with. The
-kernel drops the lock when the process ends, however it ends.
-
-It is taken in one of two places: our ``tools/train.py`` (``tools/launch.py``)
-before the Runner is built, before anything is written into the work dir;
-under mmdet's and mmpretrain's own tools, :class:`WorkDirLockRunner`
-(``runner_type`` in ``configs/_base_/safe_training.py``) before it writes its
-config there (its log folder is made in ``__init__``).
+"""One training run per work dir: two runs in one (a sweep launched twice, a
+resume started while the first still trains) overwrite each other's
+checkpoints and both exit 0. The lock is an exclusive ``flock`` on the
+work-dir folder itself (deleting a file cannot lift it; the kernel drops it
+when the process ends, however it ends); ``<work_dir>/.moppa_train.lock``
+names the holder. Taken by our ``tools/train.py`` before the Runner is built,
+and by :class:`WorkDirLockRunner` under mmdet's and mmpretrain's own tools.
 """
 import contextlib
 import errno

@@ -1,22 +1,11 @@
 """Say which values a resumed run takes from the checkpoint, not the config.
 
-``--resume`` restores the optimizer's state (its ``lr``, ``weight_decay``,
-``betas``... per parameter group) and the parameter schedulers' states (their
-``begin``/``end``/``T_max``/``milestones``...): a config whose learning rate or
-schedule was changed before resuming trains on with the old values without a
-word, while the run's length (``train_cfg``) and the data loader (batch size,
-process count) come from the new config. :class:`ResumeConfigCheckHook`
-compares the config stored in the checkpoint (``meta['cfg']``, which mmengine
-writes) with the running one and logs one warning that lists each differing
-value with both sides and which one the run uses. It refuses an optimizer of
-another type or another list of schedulers: the checkpoint's states would be
-loaded into objects they do not belong to.
-
-The stored config is read as data (``ast.literal_eval`` of its top-level
-assignments, see :func:`config_values`), never executed: a checkpoint is a
-user file. A stored config that cannot be read (not Python,
-nested too deeply, too large), or whose optimizer, schedule or batch is not a
-literal, is named in a warning: those values are then not compared.
+``--resume`` restores the optimizer's and the parameter schedulers' states
+(``lr``, ``weight_decay``, ``T_max``, ``milestones``...) while the run's length
+and the batch come from the config: a config changed before resuming trains
+on with the old learning rate and schedule without a word. The stored config
+(``meta['cfg']``) is read as data (``ast.literal_eval``), never run: a
+checkpoint is a user file.
 """
 import ast
 from typing import Any, Dict, List, Optional, Tuple
@@ -148,11 +137,13 @@ COMPARED: Tuple[Tuple[str, str], ...] = (
 
 @HOOKS.register_module()
 class ResumeConfigCheckHook(Hook):
-    """On ``--resume``: warn, listing each value of the schedule, optimizer or
-    batch that differs between the checkpoint's config and the running one,
-    with both values and which one the run uses; refuse another optimizer type
-    or another list of parameter schedulers. Records the process count in each
-    checkpoint's ``meta`` to compare it too."""
+    """On ``--resume``: warn once, listing each value of the schedule, optimizer,
+    batch or process count (recorded in each checkpoint's ``meta``) that differs
+    between the checkpoint's config and the running one, with both values and
+    which one the run uses; refuse another optimizer type or another list of
+    parameter schedulers (their states would load into the wrong objects). A
+    stored config that cannot be read, or whose values are no literals, is
+    named in a warning: those values are not compared."""
 
     priority = 'VERY_HIGH'
 
