@@ -1,19 +1,13 @@
 """Bounded checks of a config file before mmengine parses it.
 
-A YAML config can be small on disk and huge once its aliases are expanded
-(``a: &a [x, x, ...]``, ``b: &b [*a, *a, ...]``, ...: nine lines of ten
-aliases make a billion nodes). PyYAML shares the aliased objects, but
-mmengine's ``Config.fromfile`` then copies the tree node by node (``ConfigDict``,
-``_base_`` merging, the text dump), and hangs with no output. A file nested
-thousands of levels deep ends in a bare ``RecursionError``. The check below
-walks the file's YAML events (linear in the file, no recursion, nothing
-built) and refuses, naming the file, a document whose expansion exceeds
-``MAX_YAML_NODES`` nodes or ``MAX_YAML_DEPTH`` levels; a JSON file's brackets
-are counted the same way (depth only: JSON has no aliases). The ``_base_``
-files a config names are checked the same way, whatever the formats: a YAML
-or JSON file's ``_base_`` as loaded, a Python config's as the literal of its
-``_base_ = ...`` line (read with ``ast``, nothing of it runs; mmengine reads
-the same line).
+A YAML config small on disk can be huge once its aliases expand (nine lines
+of ten aliases make a billion nodes), and mmengine's ``Config.fromfile`` copies
+the tree node by node, for hours, with no output; a file nested thousands of
+levels deep, or ``_base_`` files that name each other, end in a bare
+``RecursionError``. :func:`check_config_file` walks a YAML file's events and
+counts a JSON file's brackets (linear, no recursion, nothing built), then the
+``_base_`` files it names, whatever their format (a Python config's
+``_base_ = ...`` line is read with ``ast``, nothing of it runs).
 """
 import ast
 import json

@@ -190,14 +190,9 @@ class RNGStateHook(Hook):
             loader = loop.dataloader
             if runner.epoch > 0 and loader.num_workers > 0 and loader.persistent_workers:
                 runner.logger.warning(
-                    'RNGStateHook: the training data loader\'s workers are '
-                    'persistent; their random states (random transforms) '
-                    'live in the worker processes, which no checkpoint holds. '
-                    f'They restart from the seed at epoch {runner.epoch + 1}, '
-                    'where the uninterrupted run continued them: this resumed '
-                    'run is not bit-identical to it. For an exact resume, set '
-                    'train_dataloader.persistent_workers=False and '
-                    'train_dataloader.worker_init_fn=dict(type='
-                    '\'epoch_seeded_worker_init\') (workers restart every epoch, '
-                    'seeded from the checkpointed generator), as the shipped '
-                    'configs do')
+                    "RNGStateHook: the training data loader's workers are persistent: "
+                    'their random states, which no checkpoint holds, restart from the '
+                    f'seed at epoch {runner.epoch + 1}, so this resumed run is not '
+                    'bit-identical to the uninterrupted one. For an exact resume, set '
+                    'train_dataloader.persistent_workers=False and worker_init_fn='
+                    "dict(type='epoch_seeded_worker_init'), as the shipped configs do")
