@@ -57,10 +57,12 @@ def _holder(record: str, folder: str) -> str:
     try:
         with open(record) as f:
             holder = json.loads(f.read() or '{}')
-        return (f'pid {holder.get("pid")} on host {holder.get("host")}, started '
-                f'{holder.get("started")}: {holder.get("command")}')
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError):
+        holder = None
+    if not holder or not isinstance(holder, dict):
         return f'its record {LOCK_NAME} was deleted; `lsof {folder}` names it'
+    return (f'pid {holder.get("pid")} on host {holder.get("host")}, started '
+            f'{holder.get("started")}: {holder.get("command")}')
 
 
 def _take(work_dir: str, folder: str) -> int:
