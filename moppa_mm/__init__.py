@@ -1,26 +1,12 @@
 """moppa_mm: MoPPA (Mixture of Physical Priors Adapter) for OpenMMLab.
 
-Importing the package registers its backbones, data sets and hooks in
-mmdet's, mmpretrain's and mmengine's registries, the ``moppa_mm::`` config
-scope, and mmengine's checkpoint types with torch's ``weights_only`` loader;
-configs do it with
-``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
-
-It also registers one torch module-registration hook
-(:mod:`moppa_mm.models.backbones.parent_hooks`), so that a config changes only
-the backbone: a model that is assigned a MoPPA backbone (``detector.backbone =
-...``) gets a forward hook that adds ``loss_route`` to its loss dict and
-state-dict hooks that record and check its heads' shapes. ``print(model)``
-shows them on the backbone (``parent_hooks=...``); assigning another module in
-the backbone's place removes them. Other modules are left as they are.
-
-A MoPPA backbone with a frozen base also registers, when it is built, a one-shot
-global optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``;
-:mod:`moppa_mm.models.backbones.optimizer_check`): at the first step of an
-optimizer that holds its adapters it warns if they train at another learning
-rate than the optimizer's (a ``paramwise_cfg`` key such as ``'backbone'`` with
-``lr_mult=0.1``), then removes itself. ``print(model)`` shows it on the
-backbone while it waits (``optimizer_check=...``).
+Importing the package registers its backbones, data sets and hooks in mmdet's,
+mmpretrain's and mmengine's registries, the ``moppa_mm::`` config scope, and
+mmengine's checkpoint types with torch's ``weights_only`` loader; configs do it
+with ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
+What a MoPPA backbone adds to the model it is assigned to (``loss_route``, the
+heads' shapes in its state dict, a first-step check of the adapters' learning
+rate) is shown by ``print(model)`` on the backbone: docs/design.md.
 """
 
 
@@ -46,17 +32,11 @@ except RuntimeError as error:
 
 
 def _register_config_scope() -> None:
-    """Let configs inherit ``moppa_mm::folder/file.py``.
-
-    mmengine maps a scope to a package name (it only lists the OpenMMLab
-    packages) and looks for ``<package dir>/.mim/configs``. For a distribution
-    it takes the directory from the distribution's install location, which is
-    site-packages even for an editable install (PEP 660), whose code stays in
-    the checkout: the lookup then fails. For a name that is no distribution,
-    mmengine falls back to ``importlib.util.find_spec(name).origin``. So the
-    scope names ``moppa_mm.version``: its directory is the imported package's
-    directory, whatever the install mode (editable, wheel, or PYTHONPATH).
-    """
+    """Let configs inherit ``moppa_mm::folder/file.py``: mmengine finds a
+    scope's ``.mim/configs`` beside the module the scope names. A
+    distribution's install location is site-packages even for an editable
+    install, so the scope names a module, ``moppa_mm.version``, whose folder
+    is the imported package's in every install mode."""
     from mmengine.config.utils import MODULE2PACKAGE
     MODULE2PACKAGE.setdefault('moppa_mm', 'moppa_mm.version')
 

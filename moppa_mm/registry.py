@@ -1,16 +1,29 @@
-"""The registries of the ``moppa_mm`` scope.
-
-A config that inherits ``_base_ = 'moppa_mm::...'`` gets ``_scope_='moppa_mm'``
-on the modules our files define (mmengine marks a package's configs with its
-scope), and mmengine then builds them from ``moppa_mm.registry``. Our modules
-live in MMPretrain's and MMDetection's registries (and mmengine's, for the
-hooks); the classification configs define their model, data and hooks in our
-files, so each registry here is a child of MMPretrain's, whose lookups fall
-through to it and to mmengine's root. (The detection configs' modules come
-from ``mmdet::`` bases and keep ``_scope_='mmdet'``.)
+"""The registries of the ``moppa_mm`` scope: a config that inherits
+``_base_ = 'moppa_mm::...'`` gets ``_scope_='moppa_mm'`` on the modules our
+files define, and mmengine builds them from here. Our modules live in
+MMPretrain's and MMDetection's registries (and mmengine's, for the hooks), so
+each registry here is a child of MMPretrain's, whose lookups fall through to
+it and to mmengine's root.
 """
+import warnings
+from typing import Callable, Optional
+
 from mmengine.registry import Registry
 from mmpretrain import registry as mmpretrain_registry
+
+
+def register_old_name(registry: Registry, old: str, cls: type,
+                      build: Optional[Callable] = None) -> None:
+    """Let configs build ``cls`` (by ``build``, if given) by its name of the
+    previous release, ``old``, with a ``FutureWarning``; the old name goes in
+    the next release."""
+
+    def build_by_old_name(*args, **kwargs):
+        warnings.warn(f'{old} is renamed {cls.__name__}; the old name will be removed '
+                      'in the next release', FutureWarning)
+        return (build or cls)(*args, **kwargs)
+
+    registry.register_module(old, module=build_by_old_name)
 
 
 def _child(name: str) -> Registry:

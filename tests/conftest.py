@@ -25,7 +25,7 @@ PYTHON = sys.executable
 @pytest.fixture(scope='session')
 def shapes_data(tmp_path_factory):
     """4 train / 2 val images of 96 px in COCO format + a small official-format Swin."""
-    from moppa_mm.demo import prepare_demo
+    from demo.coco_shapes import prepare_demo
     root = str(tmp_path_factory.mktemp('shapes'))
     paths = prepare_demo(root, num_train=4, num_val=2, size=96)
     paths['root'] = root

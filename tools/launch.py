@@ -7,6 +7,7 @@ A module of the tools, not of the package: it imports its neighbours
 ``tools/`` sees them; the tests put ``tools/`` on ``sys.path`` the same way.
 """
 import argparse
+import contextlib
 import importlib.util
 import logging
 import os
@@ -20,7 +21,7 @@ from mmengine.config import Config
 from mmengine.logging import print_log
 from preflight import check_config
 
-from moppa_mm.engine.hooks.work_dir_lock_hook import lock_work_dir, unlock_work_dir
+from moppa_mm.engine.work_dir_lock import work_dir_lock
 from moppa_mm.utils.checkpoints import checkpoint_to_resume
 from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.errors import (InputNotFoundError, InputValueError, MoPPAInputError,
@@ -105,20 +106,19 @@ class _CheckedRunnerFactory:
     """Stands in for ``Runner`` and ``RUNNERS`` in the namespace of the tool we
     run (nowhere else): ``from_cfg`` / ``build`` call :func:`prepare_run` on the
     final config, after the tool has applied its flags, and, for training,
-    take the work dir's lock in the main process (``lock_work_dir``, released
-    by :func:`run_tool` at the end) before the Runner writes anything there
-    (its config, its log folder); then the original."""
+    take the work dir's lock in the main process (``work_dir_lock``, held
+    until :func:`run_tool` closes ``locks``) before the Runner writes anything
+    there (its config, its log folder); then the original."""
 
-    def __init__(self, original, mode: str):
+    def __init__(self, original, mode: str, locks: contextlib.ExitStack):
         self._original = original
         self._mode = mode
-        self.locked = []  # the work dirs this factory locked
+        self._locks = locks
 
     def _prepare(self, cfg) -> None:
         prepare_run(cfg, self._mode)
         if self._mode == 'train' and launch_rank(cfg.get('launcher', 'none')) == 0:
-            if lock_work_dir(cfg.work_dir):
-                self.locked.append(cfg.work_dir)
+            self._locks.enter_context(work_dir_lock(cfg.work_dir))
 
     def from_cfg(self, cfg):
         self._prepare(cfg)
@@ -191,18 +191,14 @@ def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
     spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    factories = []
-    for name in ('Runner', 'RUNNERS'):  # mmseg's test.py has no RUNNERS
-        if hasattr(tool, name):
-            factories.append(_CheckedRunnerFactory(getattr(tool, name), mode))
-            setattr(tool, name, factories[-1])
     saved_argv = sys.argv
     sys.argv = [saved_argv[0]] + argv  # the tool's parse_args reads sys.argv
-    try:
-        tool.main()
-    finally:
-        sys.argv = saved_argv
-        for factory in factories:
-            for work_dir in factory.locked:
-                unlock_work_dir(work_dir)
+    with contextlib.ExitStack() as locks:
+        for name in ('Runner', 'RUNNERS'):  # mmseg's test.py has no RUNNERS
+            if hasattr(tool, name):
+                setattr(tool, name, _CheckedRunnerFactory(getattr(tool, name), mode, locks))
+        try:
+            tool.main()
+        finally:
+            sys.argv = saved_argv
     shutdown_distributed()

@@ -1,8 +1,12 @@
 """Checks that fail in seconds, with the culprit named, instead of hours in:
 what ``tools/train.py`` and ``tools/test.py`` run on the final config before
 the Runner is built (:func:`check_config`)."""
+import json
+import mmap
+import os
 import os.path as osp
-from typing import Iterator, Optional, Sequence, Tuple
+import re
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from mmengine.logging import print_log
 
@@ -45,20 +49,21 @@ def _check_head_classes(cfg, where: str, ds) -> None:
             'classes: set model.head.num_classes to the number of classes')
 
 
-# the heads whose num_classes mmdet needs equal to the data set's class count:
-# a smaller head fails in training (mmdet's losses index it with the label), a
-# larger one in evaluation (CocoMetric maps each predicted label to a category)
-DETECTION_HEAD_KEYS = ('bbox_head', 'mask_head')
+# the heads whose num_classes mmdet and mmseg need equal to the data set's class
+# count: a smaller head fails in training (the losses index it with the label:
+# a bare IndexError), a larger one in evaluation (CocoMetric maps each predicted
+# label to a category) or not at all (mmseg counts the extra class as wrong)
+CLASS_HEAD_KEYS = ('bbox_head', 'mask_head', 'decode_head', 'auxiliary_head')
 
 
-def _detection_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
-    """``(config key, num_classes)`` of every class-specific bbox and mask head
-    (every stage of a cascade's lists)."""
+def _class_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
+    """``(config key, num_classes)`` of every class-specific bbox, mask, decode
+    and auxiliary head (every stage of a cascade's lists)."""
     if isinstance(node, dict):
         for key, value in node.items():
             path = f'{where}.{key}'
-            if key not in DETECTION_HEAD_KEYS:
-                yield from _detection_heads(value, path)
+            if key not in CLASS_HEAD_KEYS:
+                yield from _class_heads(value, path)
                 continue
             heads = value if isinstance(value, (list, tuple)) else [value]
             for i, head in enumerate(heads):
@@ -68,21 +73,87 @@ def _detection_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
                     yield head_where, head['num_classes']
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
-            yield from _detection_heads(value, f'{where}[{i}]')
+            yield from _class_heads(value, f'{where}[{i}]')
 
 
-def _detection_dataset_class(type_name) -> Optional[type]:
-    """The mmdet data set class a dataset config builds, if it is one."""
+def _detection_or_seg_dataset_class(type_name) -> Optional[type]:
+    """The mmdet or mmseg data set class a dataset config builds, if it is one."""
     from mmdet.datasets import BaseDetDataset
     from mmdet.registry import DATASETS as MMDET_DATASETS
-    cls = MMDET_DATASETS.get(type_name) if isinstance(type_name, str) else type_name
-    return cls if isinstance(cls, type) and issubclass(cls, BaseDetDataset) else None
+    families = [(MMDET_DATASETS, BaseDetDataset)]
+    try:
+        from mmseg.datasets import BaseSegDataset
+        from mmseg.registry import DATASETS as MMSEG_DATASETS
+        families.append((MMSEG_DATASETS, BaseSegDataset))
+    except ImportError:  # the seg extra is not installed
+        pass
+    for registry, base in families:
+        cls = registry.get(type_name) if isinstance(type_name, str) else type_name
+        if isinstance(cls, type) and issubclass(cls, base):
+            return cls
+    return None
 
 
 def _some(names: Sequence[str], shown: int = 10) -> str:
     """``'a', 'b', ... (70 in all)``."""
     from moppa_mm.utils.params import few
     return few(map(repr, names), shown)
+
+
+# a COCO file's category list: its key (not inside a string, where a quote is
+# escaped), then the list, parsed by ``json``
+_CATEGORIES_KEY = b'"categories"'
+_THEN_A_LIST = re.compile(rb'\s*:\s*(?=\[)')
+
+
+def _is_category_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(c, dict) and 'id' in c and isinstance(c.get('name'), str)
+        for c in value)
+
+
+def _json_value_at(data: mmap.mmap, start: int):
+    """The JSON value that starts at byte ``start`` of ``data``, parsed from a
+    window that grows until the value fits (None if it never does)."""
+    decoder = json.JSONDecoder()
+    window = 1 << 16
+    while True:
+        text = data[start:start + window].decode('utf-8', errors='replace')
+        try:
+            return decoder.raw_decode(text)[0]
+        except json.JSONDecodeError:
+            if start + window >= len(data):
+                return None
+            window *= 8
+
+
+def read_coco_categories(ann_file: str) -> Optional[List[dict]]:
+    """The ``categories`` of a COCO annotation file, read without parsing the
+    rest of it (COCO's train2017 file is 450 MB; the data set parses it once,
+    when it is built).
+
+    The file is mapped, not read, and searched from its end (where COCO files
+    keep the list) for the key; the list is parsed by ``json`` alone (nothing
+    is evaluated). Returns None when the file has no such list of ``{"id",
+    "name", ...}`` objects that parses: the data set's own loader then names
+    the fault.
+    """
+    with open(ann_file, 'rb') as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            end = len(data)
+            while True:  # the last key that holds such a list, as json.load keeps
+                key = data.rfind(_CATEGORIES_KEY, 0, end)
+                if key < 0:
+                    return None
+                end = key
+                then = _THEN_A_LIST.match(data, key + len(_CATEGORIES_KEY))
+                if then is None or (key > 0 and data[key - 1:key] == b'\\'):
+                    continue
+                value = _json_value_at(data, then.end())
+                if _is_category_list(value):
+                    return value
 
 
 def _check_coco_categories(where: str, classes: Sequence[str], source: str,
@@ -92,7 +163,6 @@ def _check_coco_categories(where: str, classes: Sequence[str], source: str,
     train on a subset). A name the file lacks, or another order, is no subset:
     the names and labels no longer match (and evaluation maps a label to a
     category that is not there)."""
-    from moppa_mm.datasets.coco import read_coco_categories
     categories = read_coco_categories(ann_file)
     if categories is None:
         return  # the data set's loader names what is wrong with the file
@@ -139,12 +209,12 @@ def _local_coco_file(cls: type, ds) -> Optional[str]:
     return path if osp.isfile(path) else None
 
 
-def _check_detection_classes(cfg, where: str, ds) -> None:
-    """Every bbox and mask head has as many classes as the data set, whose
-    classes come from its ``metainfo``, else the data set class's
-    ``METAINFO``, else (COCO format) the file's categories; for COCO files,
-    the classes must be categories of the file, in its order."""
-    cls = _detection_dataset_class(ds.get('type'))
+def _check_class_heads(cfg, where: str, ds) -> None:
+    """Every bbox, mask, decode and auxiliary head has as many classes as the
+    data set, whose classes come from its ``metainfo``, else the data set
+    class's ``METAINFO``, else (COCO format) the file's categories; for COCO
+    files, the classes must be categories of the file, in its order."""
+    cls = _detection_or_seg_dataset_class(ds.get('type'))
     if cls is None:
         return
     coco_file = _local_coco_file(cls, ds)
@@ -154,22 +224,21 @@ def _check_detection_classes(cfg, where: str, ds) -> None:
         classes = cls.METAINFO['classes']
         source = f'{cls.__name__}.METAINFO, as {where} sets no metainfo'
     if classes is None and coco_file is not None:
-        from moppa_mm.datasets.coco import read_coco_categories
         classes = [c['name'] for c in read_coco_categories(coco_file) or []] or None
         source = f'the categories of {coco_file}'
     if classes is None:
         return
     classes = tuple(classes)
-    wrong = [(key, n) for key, n in _detection_heads(cfg.get('model') or {})
+    wrong = [(key, n) for key, n in _class_heads(cfg.get('model') or {})
              if n != len(classes)]
     if wrong:
         heads = ', '.join(f'{key}.num_classes = {n}' for key, n in wrong)
         raise InputValueError(
             f'{heads}, but {where} has {len(classes)} classes '
-            f'({_some(classes)}; {source}): mmdet needs each bbox and mask head to '
-            f'predict exactly the data set\'s classes (a label beyond a head fails '
-            f'in training, a predicted label beyond the data set in evaluation). '
-            f'Set those num_classes to {len(classes)}, or the data set\'s '
+            f'({_some(classes)}; {source}): each of those heads must predict exactly '
+            'the data set\'s classes (a label beyond a head fails in training, a '
+            'predicted label beyond the data set in evaluation). Set those '
+            f'num_classes to {len(classes)}, or the data set\'s '
             'metainfo=dict(classes=...) to the classes the heads predict.')
     if coco_file is not None:
         _check_coco_categories(where, classes, source, coco_file)
@@ -235,6 +304,17 @@ def _check_moved_options(cfg) -> None:
 
 def _is_remote(path: str) -> bool:
     return '://' in str(path)
+
+
+def _check_work_dir(work_dir: str) -> None:
+    """A work dir (or a folder above it) that is a file: mmengine's
+    ``os.makedirs`` fails with a traceback."""
+    path = osp.abspath(work_dir)
+    while not osp.exists(path):
+        path = osp.dirname(path)
+    if not osp.isdir(path):
+        raise InputValueError(f'work_dir = {work_dir!r} (--work-dir): {path!r} is a file, '
+                              'not a folder; pass a folder for the logs and checkpoints')
 
 
 def _pretrained_checkpoints(node, where: str) -> Iterator[Tuple[str, str, Optional[str]]]:
@@ -327,12 +407,15 @@ def check_config(cfg, mode: str = 'train') -> None:
     data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
     ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
     Also checks the class counts: a classification head against a VTAB-1K or
-    FGVC task, every bbox and mask head against an mmdet data set's classes
-    (and those against a COCO file's categories); and that a config with a
-    MoPPA backbone does not set the old top-level ``route_loss_weight``.
+    FGVC task, every bbox, mask, decode and auxiliary head against an mmdet or
+    mmseg data set's classes (and those against a COCO file's categories);
+    that ``work_dir`` is no file; and that a config with a MoPPA backbone does
+    not set the old top-level ``route_loss_weight``.
     """
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
+    if cfg.get('work_dir') and not _is_remote(cfg.work_dir):
+        _check_work_dir(cfg.work_dir)
     from moppa_mm.models.converters import check_converted
     from moppa_mm.utils.checkpoints import load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
@@ -369,7 +452,7 @@ def check_config(cfg, mode: str = 'train') -> None:
             if not osp.isfile(path):
                 raise InputNotFoundError(
                     f'annotation file not found: {where}.ann_file = {path!r}')
-        _check_detection_classes(cfg, where, ds)
+        _check_class_heads(cfg, where, ds)
     for where, path in _evaluator_ann_files(cfg, mode):
         if not _is_remote(path) and not osp.isfile(path):
             raise InputNotFoundError(f'annotation file not found: {where} = {path!r}')

@@ -19,7 +19,7 @@ if [[ "$MODE" == cls ]]; then
   CONFIG=configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py
   WORK_DIR=work_dirs/quickstart_cls
   start=$(date +%s)
-  [[ -f data/vtab_demo/eurosat/test.txt ]] || "$PY" -m moppa_mm.demo_cls --root data/vtab_demo
+  [[ -f data/vtab_demo/eurosat/test.txt ]] || "$PY" tools/demo/vtab_task.py --root data/vtab_demo
   "$PY" tools/model_converters/vit_to_mmpretrain.py mae \
     data/vtab_demo/mae_pretrain_vit_demo.pth data/vtab_demo/vit_demo_mmpretrain.pth
   rm -rf "$WORK_DIR"
@@ -37,7 +37,7 @@ CONFIG=configs/demo/cascade-mask-rcnn_moppa-swin-demo_fpn_shapes.py
 WORK_DIR=work_dirs/quickstart
 start=$(date +%s)
 
-[[ -f data/shapes_demo/annotations/val.json ]] || "$PY" -m moppa_mm.demo --root data/shapes_demo
+[[ -f data/shapes_demo/annotations/val.json ]] || "$PY" tools/demo/coco_shapes.py --root data/shapes_demo
 rm -rf "$WORK_DIR"
 "$PY" tools/train.py "$CONFIG" --work-dir "$WORK_DIR"
 CKPT="$WORK_DIR/epoch_2.pth"

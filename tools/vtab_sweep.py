@@ -33,7 +33,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from moppa_mm.datasets import VTAB_TASKS  # noqa: E402
-from moppa_mm.evaluation import vtab_table  # noqa: E402
+import vtab_table  # noqa: E402  tools/vtab_table.py
 
 
 CONFIG_DIR = osp.join(ROOT, 'configs', 'vtab1k')

@@ -1,6 +1,6 @@
 # The quick-start's main job on CPU in a few minutes: the real MoPPA Cascade Mask
 # R-CNN config with a small Swin, 128 px images of coloured shapes (3 classes,
-# COCO format, made by `python -m moppa_mm.demo`), 2 epochs, bbox + segm AP.
+# COCO format, made by `python tools/demo/coco_shapes.py`), 2 epochs, bbox + segm AP.
 _base_ = '../moppa/cascade-mask-rcnn_moppa-swin-b-p4-w7_fpn_ms-crop-3x_coco.py'
 
 data_root = 'data/shapes_demo/'

@@ -1,6 +1,6 @@
 # The segmentation demo on CPU in about a minute: the real MoPPA Swin UperNet config
 # (configs/segmentation/) with a small Swin, 64 px generated scenes in the ADE20K
-# layout (5 ADE20K classes, made by `python -m moppa_mm.demo_seg --root data/ade_demo`),
+# layout (5 ADE20K classes, made by `python tools/demo/ade_scenes.py --root data/ade_demo`),
 # 40 iterations, mIoU; MMSegmentation's own tools/train.py and tools/test.py run it.
 _base_ = ('../segmentation/moppa-swin-base-patch4-window7-in22k-pre_upernet_'
           '8xb2-160k_ade20k-512x512.py')

@@ -1,6 +1,6 @@
 # The classification quick-start on CPU in about a minute: the real MoPPA ViT
 # VTAB-1K config (MAE pre-training, eurosat) with a 2-layer ViT on 32 px images
-# of a generated task (`python -m moppa_mm.demo_cls`), 4 epochs, top-1.
+# of a generated task (`python tools/demo/vtab_task.py`), 4 epochs, top-1.
 #   bash tools/quickstart.sh cls
 _base_ = '../vtab1k/moppa_vit-b-p16_mae-pre_vtab1k-eurosat.py'
 

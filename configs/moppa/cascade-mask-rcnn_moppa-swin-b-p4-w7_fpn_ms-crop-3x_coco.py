@@ -4,7 +4,7 @@
 # Paper: box AP 52.7, mask AP 45.6 on COCO val2017 after 36 epochs.
 _base_ = [
     './cascade-mask-rcnn_swin-b-p4-w7_fpn_ms-crop-3x_coco.py',
-    '../_base_/moppa_guards.py',  # opt-in: exact resume, weights_only checkpoints, NaN stop
+    '../_base_/safe_training.py',  # opt-in: one run per work dir, exact resume, NaN stop...
 ]
 
 custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)

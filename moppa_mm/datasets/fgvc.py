@@ -8,6 +8,7 @@ from typing import List, Optional
 from mmpretrain.datasets import BaseDataset
 from mmpretrain.registry import DATASETS
 
+from moppa_mm.utils.errors import InputNotFoundError, InputValueError
 from .image_files import check_image_file
 
 # name -> (classes, image folder that the json paths are relative to, as VPT)
@@ -22,17 +23,16 @@ FGVC_SPLITS = ('train', 'val', 'test')
 
 
 def _refuse_duplicate_keys(split_file: str):
-    """A ``json.load`` ``object_pairs_hook`` that raises, naming ``split_file``
-    and the key, when an object lists a key twice (``json`` keeps the last
-    value without a word: an image would silently take its second label)."""
+    """A ``json.load`` ``object_pairs_hook`` that refuses an image listed twice
+    (``json`` keeps the last value: the image would take its second label)."""
 
     def to_dict(pairs):
         mapping = {}
         for key, value in pairs:
             if key in mapping:
-                raise ValueError(
-                    f'{split_file}: image {key!r} is listed twice (labels '
-                    f'{mapping[key]!r} and {value!r}); each image needs one label')
+                raise InputValueError(f'{split_file}: image {key!r} is listed twice (labels '
+                                      f'{mapping[key]!r} and {value!r}); each image needs '
+                                      'one label')
             mapping[key] = value
         return mapping
 
@@ -41,37 +41,35 @@ def _refuse_duplicate_keys(split_file: str):
 
 def check_fgvc(data_root: str, dataset: str, split: str) -> str:
     if dataset not in FGVC_DATASETS:
-        raise ValueError(f'unknown FGVC dataset {dataset!r}; expected one of '
-                         f'{", ".join(FGVC_DATASETS)}')
+        raise InputValueError(f'unknown FGVC dataset {dataset!r}; expected one of '
+                              f'{", ".join(FGVC_DATASETS)}')
     if split not in FGVC_SPLITS:
-        raise ValueError(f'unknown FGVC split {split!r}, expected one of {FGVC_SPLITS}')
+        raise InputValueError(f'unknown FGVC split {split!r}, expected one of {FGVC_SPLITS}')
     split_file = osp.join(data_root, f'{split}.json')
     if not osp.isfile(split_file):
-        raise FileNotFoundError(f'FGVC split file not found: {split_file!r}')
+        raise InputNotFoundError(f'FGVC split file not found: {split_file!r}')
     return split_file
 
 
 def read_split(split_file: str) -> dict:
     """A split file's ``{image path: class id}`` object; a file that is not
-    JSON (with its line and column), not UTF-8, nested too deeply, lists an
-    image twice or is no object raises naming the file."""
+    JSON (line and column), not UTF-8, nested too deeply, lists an image twice
+    or is no object raises naming the file."""
     with open(split_file) as f:
         try:
             mapping = json.load(f, object_pairs_hook=_refuse_duplicate_keys(split_file))
         except json.JSONDecodeError as error:
-            raise ValueError(
-                f'{split_file}:{error.lineno}:{error.colno}: not valid '
-                f'JSON ({error.msg}); the file may be truncated') from None
+            raise InputValueError(f'{split_file}:{error.lineno}:{error.colno}: not valid JSON '
+                                  f'({error.msg}); the file may be truncated') from None
         except UnicodeDecodeError as error:
-            raise ValueError(f'{split_file}: not a UTF-8 text file ({error.reason} at '
-                             f'byte offset {error.start}); not a split file') from None
+            raise InputValueError(f'{split_file}: not a UTF-8 text file ({error.reason} at '
+                                  f'byte offset {error.start}); not a split file') from None
         except RecursionError:
-            raise ValueError(f'{split_file}: nested too deeply to parse; not a split '
-                             'file') from None
+            raise InputValueError(f'{split_file}: nested too deeply to parse; not a split '
+                                  'file') from None
     if not isinstance(mapping, dict):
-        raise ValueError(f'{split_file}: expected a JSON object '
-                         f'{{"image path": class id}}, got a '
-                         f'{type(mapping).__name__}')
+        raise InputValueError(f'{split_file}: expected a JSON object {{"image path": class '
+                              f'id}}, got a {type(mapping).__name__}')
     return mapping
 
 
@@ -107,21 +105,20 @@ class FGVC(BaseDataset):
         split (val, test) warns with the count and the first images."""
         mapping = read_split(self.split_file)
         if not mapping:
-            raise ValueError(f'{self.split_file}: the split lists no image')
+            raise InputValueError(f'{self.split_file}: the split lists no image')
         num_classes = len(self.metainfo['classes'])
         data_list = []
         for path, label in mapping.items():
             where = f'{self.split_file}, image {path!r}'
             if isinstance(label, bool) or not isinstance(label, int):
-                raise ValueError(f'{where}: label {label!r} is not an integer')
+                raise InputValueError(f'{where}: label {label!r} is not an integer')
             if not 0 <= label < num_classes:
-                raise ValueError(f'{where}: label {label} is outside '
-                                 f'[0, {num_classes})')
+                raise InputValueError(f'{where}: label {label} is outside [0, {num_classes})')
             img_path = osp.join(self.data_root, self.image_prefix, path)
             try:
                 check_image_file(img_path, where)
             except FileNotFoundError as error:
-                raise FileNotFoundError(f'{error}{self._prefix_hint(path)}') from None
+                raise InputNotFoundError(f'{error}{self._prefix_hint(path)}') from None
             data_list.append(dict(img_path=img_path, gt_label=label))
         self._warn_split_leaks(mapping)
         return data_list

@@ -11,6 +11,7 @@ from typing import List, Optional
 from mmpretrain.datasets import CustomDataset
 from mmpretrain.registry import DATASETS
 
+from moppa_mm.utils.errors import InputNotFoundError, InputValueError
 from .image_files import check_image_file
 
 # task -> number of classes, in the paper's table order, with the three groups
@@ -30,35 +31,32 @@ VTAB_SPLITS = ('train800', 'val200', 'train800val200', 'test')
 
 
 def split_lines(split_file: str):
-    """``(line number, line)`` of a split file; a file that is not UTF-8 text
-    raises naming the file and line instead of a bare ``UnicodeDecodeError``."""
+    """``(line number, line)`` of a split file; a line that is not UTF-8 text
+    is named instead of a bare ``UnicodeDecodeError``."""
     with open(split_file, 'rb') as f:
         for line_number, raw in enumerate(f, start=1):
             try:
-                line = raw.decode('utf-8')
+                yield line_number, raw.decode('utf-8')
             except UnicodeDecodeError as error:
-                raise ValueError(
-                    f'{split_file}:{line_number}: not UTF-8 text ({error.reason} at '
-                    f'column {error.start + 1}); expected "<image path> <label>" '
-                    'lines') from None
-            yield line_number, line
+                raise InputValueError(
+                    f'{split_file}:{line_number}: not UTF-8 text ({error.reason} at column '
+                    f'{error.start + 1}); expected "<image path> <label>" lines') from None
 
 
 def check_vtab_task(data_root: str, task: str, split: str) -> str:
     """Validate a task and split; returns the split file's path."""
     if task not in VTAB_TASKS:
-        raise ValueError(f'unknown VTAB-1K task {task!r}; the 19 tasks are: '
-                         f'{", ".join(VTAB_TASKS)}')
+        raise InputValueError(f'unknown VTAB-1K task {task!r}; the 19 tasks are: '
+                              f'{", ".join(VTAB_TASKS)}')
     if split not in VTAB_SPLITS:
-        raise ValueError(f'unknown VTAB-1K split {split!r}, expected one of '
-                         f'{VTAB_SPLITS}')
+        raise InputValueError(f'unknown VTAB-1K split {split!r}, expected one of {VTAB_SPLITS}')
     task_root = osp.join(data_root, task)
     if not osp.isdir(task_root):
-        raise FileNotFoundError(f'VTAB-1K task folder not found: {task_root!r} '
-                                f'(data_root={data_root!r}, task={task!r})')
+        raise InputNotFoundError(f'VTAB-1K task folder not found: {task_root!r} '
+                                 f'(data_root={data_root!r}, task={task!r})')
     split_file = osp.join(task_root, f'{split}.txt')
     if not osp.isfile(split_file):
-        raise FileNotFoundError(f'VTAB-1K split file not found: {split_file!r}')
+        raise InputNotFoundError(f'VTAB-1K split file not found: {split_file!r}')
     return split_file
 
 
@@ -87,9 +85,9 @@ class VTAB1k(CustomDataset):
                          metainfo=metainfo, **kwargs)
 
     def load_data_list(self) -> List[dict]:
-        """Parse ``<image path> <label>`` lines; any malformed line, label
-        outside ``[0, num_classes)``, missing or empty image, or an empty split
-        raises ``ValueError`` / ``FileNotFoundError`` naming ``file:line``."""
+        """Parse ``<image path> <label>`` lines; a malformed line, a label
+        outside ``[0, num_classes)``, a missing or empty image, or an empty
+        split raises naming ``file:line``."""
         num_classes = len(self.metainfo['classes'])
         data_list = []
         first_line = {}  # image path -> its first line number
@@ -100,31 +98,28 @@ class VTAB1k(CustomDataset):
             if not tokens:
                 continue  # blank lines (a trailing newline) carry nothing
             if len(tokens) != 2:
-                raise ValueError(f'{where}: expected "<image path> <label>", '
-                                 f'got {line.rstrip()!r}')
+                raise InputValueError(f'{where}: expected "<image path> <label>", got '
+                                      f'{line.rstrip()!r}')
             filename, label = tokens
             try:
                 gt_label = int(label)
             except ValueError:
-                raise ValueError(f'{where}: label {label!r} is not an '
-                                 f'integer') from None
+                raise InputValueError(f'{where}: label {label!r} is not an integer') from None
             if not 0 <= gt_label < num_classes:
-                raise ValueError(
-                    f'{where}: label {gt_label} is outside [0, {num_classes}) '
-                    f'for VTAB-1K task {self.task!r}')
-            img_path = osp.join(self.img_prefix, filename)
+                raise InputValueError(f'{where}: label {gt_label} is outside [0, {num_classes})'
+                                      f' for VTAB-1K task {self.task!r}')
             if filename in first_line:
                 repeated.append(f'line {line_number}: {filename} (first on line '
                                 f'{first_line[filename]})')
             first_line.setdefault(filename, line_number)
+            img_path = osp.join(self.img_prefix, filename)
             check_image_file(img_path, where)
             data_list.append(dict(img_path=img_path, gt_label=gt_label))
         if not data_list:
-            raise ValueError(f'{self.ann_file}: the split lists no image')
+            raise InputValueError(f'{self.ann_file}: the split lists no image')
         if repeated:
-            warnings.warn(f'{self.ann_file}: {len(repeated)} line(s) repeat an image '
-                          f'of the split (it counts twice); the first: '
-                          f'{"; ".join(repeated[:5])}')
+            warnings.warn(f'{self.ann_file}: {len(repeated)} line(s) repeat an image of the '
+                          f'split (it counts twice); the first: {"; ".join(repeated[:5])}')
         self._warn_test_leak(first_line)
         return data_list
 

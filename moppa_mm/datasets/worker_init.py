@@ -1,5 +1,4 @@
-"""Seeds data loader workers so that every epoch draws new augmentations and a
-resumed run draws the ones the uninterrupted run drew."""
+"""Data loader workers seeded anew every epoch, as a resumed run seeds them."""
 import os
 import random
 
@@ -12,28 +11,13 @@ from mmengine.registry import FUNCTIONS
 @FUNCTIONS.register_module()
 def epoch_seeded_worker_init(worker_id: int) -> None:
     """Seeds ``random``, numpy and torch in a data loader worker from the seed
-    PyTorch gave the worker and the process's rank.
-
-    Use it as ``train_dataloader.worker_init_fn=dict(type=
-    'epoch_seeded_worker_init')`` with ``persistent_workers=False``.
-
-    A DataLoader draws a base seed from the main process's global torch
-    generator each time it starts its workers (every epoch, when they do not
-    persist) and seeds worker ``worker_id`` with ``base_seed + worker_id``
-    (``torch.initial_seed()`` in the worker) before it calls this function. The
-    seed therefore changes every epoch, and follows the main process's
-    generator, which ``RNGStateHook`` saves in checkpoints and restores on
-    resume: a resumed run starts its workers with the seeds the uninterrupted
-    run used. mmengine's default (``seed + worker_id + rank * num_workers``)
-    is the same every epoch, so every epoch repeats the same random flips and
-    crops. Processes launched with one seed have identical main-process
-    generators; the rank (``RANK`` in the environment, as launchers set it,
-    else ``mmengine.dist.get_rank()``) goes into the seed so that their
-    workers draw differently.
-
-    Args:
-        worker_id (int): The worker's index; it is already part of
-            ``torch.initial_seed()``.
+    PyTorch gave it (``torch.initial_seed()``: a base seed drawn from the main
+    process's generator each time workers start, plus ``worker_id``) and the
+    rank (``RANK``, else ``mmengine.dist.get_rank()``). With
+    ``persistent_workers=False`` the seeds change every epoch and follow the
+    main process's generator, which ``RNGStateHook`` checkpoints: a resumed run
+    draws the uninterrupted run's augmentations. (mmengine's default seeds the
+    same every epoch.) Use ``worker_init_fn=dict(type='epoch_seeded_worker_init')``.
     """
     rank = int(os.environ.get('RANK', get_rank()))
     seeds = np.random.SeedSequence([torch.initial_seed(), rank])

@@ -1,7 +1,10 @@
-from .hooks import AdapterCheckpointHook, PEFTFreezeHook, RNGStateHook, RouteRegularizationHook
+from .hooks import (AdapterCheckpointHook, AtomicCheckpointHook, NonFiniteLossHook,
+                    PEFTFreezeHook, ResumeConfigCheckHook, RNGStateHook, RouteWeightLoggerHook,
+                    WeightsOnlyCheckpointHook)
 from .optimizers import TrainableParamsOptimWrapperConstructor
-from .work_dir_lock_runner import WorkDirLockRunner
+from .work_dir_lock import WorkDirLockRunner
 
-__all__ = ['AdapterCheckpointHook', 'PEFTFreezeHook', 'RNGStateHook',
-           'RouteRegularizationHook', 'TrainableParamsOptimWrapperConstructor',
+__all__ = ['AdapterCheckpointHook', 'AtomicCheckpointHook', 'NonFiniteLossHook',
+           'PEFTFreezeHook', 'ResumeConfigCheckHook', 'RNGStateHook', 'RouteWeightLoggerHook',
+           'WeightsOnlyCheckpointHook', 'TrainableParamsOptimWrapperConstructor',
            'WorkDirLockRunner']

@@ -1,29 +1,23 @@
 """Bounded checks of a config file before mmengine parses it.
 
-A YAML config can be small on disk and huge once its aliases are expanded
-(``a: &a [x, x, ...]``, ``b: &b [*a, *a, ...]``, ...: nine lines of ten
-aliases make a billion nodes). PyYAML shares the aliased objects, but
-mmengine's ``Config.fromfile`` then copies the tree node by node (``ConfigDict``,
-``_base_`` merging, the text dump), and hangs with no output. A file nested
-thousands of levels deep ends in a bare ``RecursionError``. The check below
-walks the file's YAML events (linear in the file, no recursion, nothing
-built) and refuses, naming the file, a document whose expansion exceeds
-``MAX_YAML_NODES`` nodes or ``MAX_YAML_DEPTH`` levels; a JSON file's brackets
-are counted the same way (depth only: JSON has no aliases). The ``_base_``
-files a config names are checked the same way, whatever the formats: a YAML
-or JSON file's ``_base_`` as loaded, a Python config's as the literal of its
-``_base_ = ...`` line (read with ``ast``, nothing of it runs; mmengine reads
-the same line).
+A YAML config small on disk can be huge once its aliases expand (nine lines
+of ten aliases make a billion nodes), and mmengine's ``Config.fromfile`` copies
+the tree node by node, for hours, with no output; a file nested thousands of
+levels deep, or ``_base_`` files that name each other, end in a bare
+``RecursionError``. :func:`check_config_file` walks a YAML file's events and
+counts a JSON file's brackets (linear, no recursion, nothing built), then the
+``_base_`` files it names, whatever their format (a Python config's
+``_base_ = ...`` line is read with ``ast``, nothing of it runs).
 """
 import ast
 import json
 import os.path as osp
 import re
-from typing import Any, List, Optional, Set
+from typing import Any, List, Optional, Set, Tuple
 
 import yaml
 
-from .errors import MoPPAInputError
+from .errors import InputValueError
 
 MAX_YAML_NODES = 1_000_000
 MAX_YAML_DEPTH = 500
@@ -33,10 +27,6 @@ CONFIG_SUFFIXES = ('.py', '.json') + YAML_SUFFIXES
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\\n]|\\.)*"|[\[\]{}]')
 
 _SafeLoader = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
-
-
-class ConfigFileError(MoPPAInputError, ValueError):
-    pass
 
 
 def _scan_yaml(path: str, max_nodes: int, max_depth: int) -> None:
@@ -53,7 +43,7 @@ def _scan_yaml(path: str, max_nodes: int, max_depth: int) -> None:
             total += size
             count = total
         if count > max_nodes:
-            raise ConfigFileError(
+            raise InputValueError(
                 f'{path}: refused: its YAML aliases expand to more than {max_nodes:,} '
                 f'nodes (line {event.start_mark.line + 1}); a config this large is '
                 'not a config (an alias bomb?)')
@@ -64,7 +54,7 @@ def _scan_yaml(path: str, max_nodes: int, max_depth: int) -> None:
                 if isinstance(event, yaml.CollectionStartEvent):
                     stack.append([event.anchor, 1])
                     if len(stack) > max_depth:
-                        raise ConfigFileError(
+                        raise InputValueError(
                             f'{path}: refused: nested more than {max_depth} levels '
                             f'deep (line {event.start_mark.line + 1})')
                 elif isinstance(event, yaml.CollectionEndEvent):
@@ -83,12 +73,12 @@ def _scan_yaml(path: str, max_nodes: int, max_depth: int) -> None:
             if 'maximum nesting depth' in str(error) and mark is not None:
                 # PyYAML >= 6.0.4 has a depth limit of its own (1000), which
                 # its scanner can reach before the parser's events reach ours
-                raise ConfigFileError(
+                raise InputValueError(
                     f'{path}: refused: nested more than {max_depth} levels deep '
                     f'(line {mark.line + 1})') from None
-            raise ConfigFileError(f'{path}: not valid YAML: {error}') from None
+            raise InputValueError(f'{path}: not valid YAML: {error}') from None
         except UnicodeDecodeError as error:
-            raise ConfigFileError(f'{path}: not a text file ({error.reason} at byte offset '
+            raise InputValueError(f'{path}: not a text file ({error.reason} at byte offset '
                                   f'{error.start})') from None
 
 
@@ -104,7 +94,7 @@ def _scan_json(path: str, max_depth: int) -> None:
             depth += 1
             if depth > max_depth:
                 line = data.count(b'\n', 0, token.start()) + 1
-                raise ConfigFileError(f'{path}: refused: nested more than {max_depth} '
+                raise InputValueError(f'{path}: refused: nested more than {max_depth} '
                                       f'levels deep (line {line})')
         elif bracket in (b']', b'}'):
             depth -= 1
@@ -147,20 +137,25 @@ def _local_files(bases: Any) -> List[str]:
 
 
 def check_config_file(path: str, max_nodes: int = MAX_YAML_NODES,
-                      max_depth: int = MAX_YAML_DEPTH,
-                      _seen: Optional[Set[str]] = None) -> None:
+                      max_depth: int = MAX_YAML_DEPTH, _chain: Tuple[str, ...] = (),
+                      _checked: Optional[Set[str]] = None) -> None:
     """Refuse, naming the file, a config whose YAML alias expansion or whose
-    nesting (YAML, JSON) is out of bounds, or one with a ``_base_`` file
-    (relative to it, of any format, at any level) that is. A Python config is
-    code, run as such by mmengine: only its ``_base_`` line is read."""
+    nesting (YAML, JSON) is out of bounds, one with a ``_base_`` file
+    (relative to it, of any format, at any level) that is, and ``_base_``
+    files that name each other in a cycle (mmengine recurses until Python's
+    recursion limit). A Python config is code, run as such by mmengine: only
+    its ``_base_`` line is read."""
     suffix = osp.splitext(path)[1].lower()
     if suffix not in CONFIG_SUFFIXES or not osp.isfile(path):
         return
-    seen = set() if _seen is None else _seen
+    checked = set() if _checked is None else _checked
     real = osp.realpath(path)
-    if real in seen:
+    if real in _chain:
+        cycle = ' -> '.join(_chain[_chain.index(real):] + (real, ))
+        raise InputValueError(f'{_chain[0]}: its _base_ files name each other in a cycle '
+                              f'(mmengine would recurse until it fails): {cycle}')
+    if real in checked:
         return
-    seen.add(real)
     if suffix in YAML_SUFFIXES:
         _scan_yaml(path, max_nodes, max_depth)
     elif suffix == '.json':
@@ -168,7 +163,9 @@ def check_config_file(path: str, max_nodes: int = MAX_YAML_NODES,
     # within bounds now: cheap to build
     bases = _python_bases(path) if suffix == '.py' else _data_bases(path, suffix)
     for base in _local_files(bases):
-        check_config_file(osp.join(osp.dirname(path), base), max_nodes, max_depth, seen)
+        check_config_file(osp.join(osp.dirname(path), base), max_nodes, max_depth,
+                          _chain + (real, ), checked)
+    checked.add(real)
 
 
 def read_config(path: str):
@@ -180,5 +177,5 @@ def read_config(path: str):
     try:
         return Config.fromfile(path)
     except RecursionError:
-        raise ValueError(f'{path}: nested too deeply to parse; not a config '
-                         'file') from None
+        raise InputValueError(f'{path}: nested too deeply to parse; not a config '
+                              'file') from None

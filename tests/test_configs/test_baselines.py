@@ -105,7 +105,7 @@ def test_every_baseline_config_is_its_method_on_its_task(path):
         assert (dataset.dataset if fgvc else dataset.task) == task
     assert cfg.custom_hooks == base.custom_hooks
     # every method gets the opt-in guarantees and no hook of the method
-    guards = Config.fromfile(osp.join(REPO, 'configs/_base_/moppa_guards.py'))
+    guards = Config.fromfile(osp.join(REPO, 'configs/_base_/safe_training.py'))
     assert cfg.custom_hooks == guards.custom_hooks
     assert pretrained_vit(cfg).init_cfg.checkpoint == (
         'data/pretrained/vit-b-p16_in21k.pth' if fgvc
@@ -180,7 +180,7 @@ def test_trained_baseline_tests_to_its_accuracy_from_its_checkpoint(tmp_path, me
     from mmengine.config import ConfigDict
     from mmengine.runner import Runner
 
-    from moppa_mm.demo_cls import make_vtab_task
+    from demo.vtab_task import make_vtab_task
     from tests.conftest import PYTHON, child_env
 
     root = str(tmp_path / 'vtab-1k')

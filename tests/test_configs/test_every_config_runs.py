@@ -22,7 +22,7 @@ from launch import build_runner, load_config  # tools/
 from mmpretrain.models.backbones import SwinTransformer, VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
-from moppa_mm.demo import mmdet_swin_to_official, prepare_demo
+from demo.coco_shapes import mmdet_swin_to_official, prepare_demo
 from moppa_mm.models.converters import convert, save_backbone
 from tests.conftest import REPO
 

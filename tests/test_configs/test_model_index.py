@@ -6,7 +6,7 @@ from statistics import mean
 from mmengine.fileio import load
 
 from moppa_mm.datasets import VTAB_TASKS
-from moppa_mm.evaluation.vtab_table import PAPER_MOPPA, config_stem
+from vtab_table import PAPER_MOPPA, config_stem  # tools/
 from tests.conftest import REPO
 
 
@@ -56,7 +56,7 @@ def test_results_are_the_papers():
 
 
 def test_baseline_results_are_the_papers_where_it_has_them():
-    from moppa_mm.evaluation.vtab_table import PAPER_BASELINES
+    from vtab_table import PAPER_BASELINES  # tools/
     models = {m['Name']: m for m in index_models()}
     rows = PAPER_BASELINES['in21k-augreg']
     for method, row in rows.items():

@@ -10,7 +10,7 @@ from mmengine.registry import init_default_scope
 from mmpretrain.registry import MODELS
 
 from moppa_mm.datasets import VTAB_TASKS
-from moppa_mm.evaluation.vtab_table import PAPER_SUMMARY
+from vtab_table import PAPER_SUMMARY  # tools/
 from tests.conftest import REPO
 
 # stem -> (backbone class, trainable backbone parameters: MoPPA units + scale & shift)

@@ -22,8 +22,8 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner, load_checkpoint
 
-from moppa_mm.demo import prepare_demo
-from moppa_mm.demo_cls import make_vtab_task
+from demo.coco_shapes import prepare_demo
+from demo.vtab_task import make_vtab_task
 from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError, is_adapter_key
 from moppa_mm.models.backbones.optimizer_check import waiting_check

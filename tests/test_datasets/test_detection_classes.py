@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from moppa_mm.datasets.coco import CheckedCocoDataset, read_coco_categories
-from preflight import check_config  # tools/
+from moppa_mm.datasets.coco import CheckedCocoDataset
+from preflight import check_config, read_coco_categories  # tools/
 from tests.conftest import logged_messages, tiny_detection_cfg
 
 TWO = ('square', 'circle')  # of the demo's square, circle, triangle

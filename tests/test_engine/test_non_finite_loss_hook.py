@@ -11,7 +11,7 @@ from mmengine.config import ConfigDict
 from mmengine.runner import Runner
 from mmpretrain.models.backbones import VisionTransformer
 
-from moppa_mm.demo_cls import make_vtab_task
+from demo.vtab_task import make_vtab_task
 from moppa_mm.models.converters import save_backbone
 from tests.test_tools.test_vtab_pipeline import ARCH, tiny_vtab_cfg
 

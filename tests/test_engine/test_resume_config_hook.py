@@ -5,8 +5,8 @@ import torch
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 
-from moppa_mm.engine.hooks.resume_config_hook import (StoredConfigError, _differences,
-                                                      config_values)
+from moppa_mm.engine.hooks.resume_config_hook import _differences, config_values
+from moppa_mm.utils.errors import InputValueError
 
 
 def test_config_values_reads_literals_and_runs_nothing(tmp_path):
@@ -31,7 +31,7 @@ def test_config_values_reads_literals_and_runs_nothing(tmp_path):
     ('x' * 8_000_001, r'it is 8,000,001 characters long, more than the 8,000,000'),
 ])
 def test_config_values_names_why_a_text_cannot_be_read(text, problem):
-    with pytest.raises(StoredConfigError, match=problem):
+    with pytest.raises(InputValueError, match=problem):
         config_values(text)
 
 

@@ -9,7 +9,7 @@ import pytest
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from moppa_mm.demo_cls import prepare_cls_demo
+from demo.vtab_task import prepare_cls_demo
 from moppa_mm.models.converters import convert, save_backbone
 from tests.conftest import REPO
 

@@ -1,20 +1,23 @@
 """The work-dir lock against another real process: the folder's own flock
-(deleting the record file does not lift it), and WorkDirLockRunner, which
-writes its config into the work dir only once its training holds the lock
-(validation and testing take no lock). The tools' side, with two training
-processes, is in tests/test_tools/test_durability.py."""
+(deleting the record file does not lift it), the record file where a folder
+cannot be locked (NFS), and WorkDirLockRunner, which writes its config into
+the work dir only once its training holds the lock (validation and testing
+take no lock). The tools' side, with two training processes, is in
+tests/test_tools/test_durability.py."""
+import errno
+import fcntl
 import glob
+import json
 import os
 import os.path as osp
 import re
+import stat
 import subprocess
 
 import pytest
 from mmengine.evaluator import Evaluator
 
-from moppa_mm.engine import WorkDirLockRunner
-from moppa_mm.engine.hooks.work_dir_lock_hook import (LOCK_NAME, WorkDirBusyError, lock_work_dir,
-                                                      unlock_work_dir)
+from moppa_mm.engine.work_dir_lock import LOCK_NAME, WorkDirLockRunner, work_dir_lock
 from tests.conftest import PYTHON
 from tests.test_engine.test_rng_state_hook import (MeanError, RandomlyAugmented,
                                                    RandomlyWeightedRegression)
@@ -43,16 +46,17 @@ def held_by_another_process(tmp_path):
         holder.wait()
 
 
-def toy_runner(work_dir, name):
+def toy_runner(work_dir, name, runner=WorkDirLockRunner, **kwargs):
     loader = dict(dataset=RandomlyAugmented(), batch_size=2,
                   sampler=dict(type='DefaultSampler', shuffle=False),
                   collate_fn=dict(type='default_collate'))
-    return WorkDirLockRunner(
+    return runner(
         model=RandomlyWeightedRegression(), work_dir=work_dir, experiment_name=name,
         train_dataloader=loader, val_dataloader=loader, val_cfg=dict(),
         val_evaluator=Evaluator(MeanError()),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
-        train_cfg=dict(by_epoch=False, max_iters=1), default_hooks=dict(checkpoint=None))
+        train_cfg=dict(by_epoch=False, max_iters=1), default_hooks=dict(checkpoint=None),
+        **kwargs)
 
 
 def configs_in(work_dir):
@@ -63,35 +67,68 @@ def test_the_lock_is_the_folder_s_not_its_file(held_by_another_process):
     work_dir = held_by_another_process
     open(osp.join(work_dir, LOCK_NAME), 'w').close()
     os.remove(osp.join(work_dir, LOCK_NAME))  # what a user might try
-    with pytest.raises(WorkDirBusyError, match=rf"^WorkDirLock: the work dir "
-                                               rf"'{re.escape(work_dir)}' is in use by "
-                                               r"another training run \(its record "
-                                               rf"\.moppa_train\.lock was deleted; `lsof "
-                                               rf"{re.escape(work_dir)}` names it\)"):
-        lock_work_dir(work_dir)
+    refusal = (rf"^WorkDirLock: the work dir '{re.escape(work_dir)}' is in use by another "
+               r"training run \(its record \.moppa_train\.lock was deleted; `lsof "
+               rf"{re.escape(work_dir)}` names it\)")
+    with pytest.raises(SystemExit, match=refusal), work_dir_lock(work_dir):
+        pass
     assert os.listdir(work_dir) == []  # a refused run leaves nothing
+
+
+def another_process_can_lock(path):
+    result = subprocess.run([PYTHON, '-c', HOLD.replace('LOCK_EX)', 'LOCK_EX | fcntl.LOCK_NB)')
+                             .replace('time.sleep(120)', ''),
+                             path], capture_output=True, text=True)
+    return result.stdout == 'held\n'
 
 
 def test_lock_is_reentrant_in_its_process_and_released(tmp_path):
     work_dir = str(tmp_path / 'work')
-    assert lock_work_dir(work_dir) is True  # made, taken, the holder recorded
-    assert str(os.getpid()) in open(osp.join(work_dir, LOCK_NAME)).read()
-    assert lock_work_dir(work_dir) is False  # a hook finding the tool's lock
-    unlock_work_dir(work_dir)
-    result = subprocess.run([PYTHON, '-c', HOLD.replace('LOCK_EX)', 'LOCK_EX | fcntl.LOCK_NB)')
-                             .replace("time.sleep(120)", ''), work_dir],
-                            capture_output=True, text=True)
-    assert result.stdout == 'held\n', result.stderr  # released: another process takes it
+    with work_dir_lock(work_dir):  # made, taken, the holder recorded
+        assert json.load(open(osp.join(work_dir, LOCK_NAME)))['pid'] == os.getpid()
+        with work_dir_lock(work_dir):  # the Runner's, inside the tool's
+            pass
+        assert not another_process_can_lock(work_dir)  # the inner block kept it
+    assert another_process_can_lock(work_dir)  # released
+
+
+def test_a_folder_that_cannot_be_locked_locks_its_record_file(tmp_path, monkeypatch):
+    """NFS emulates flock with POSIX locks, which a folder's read-only
+    descriptor cannot take (EBADF): the record file is locked instead."""
+    flock = fcntl.flock
+
+    def nfs_flock(fd, operation):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, 'flock', nfs_flock)
+    work_dir = str(tmp_path / 'work')
+    record = osp.join(work_dir, LOCK_NAME)
+    with work_dir_lock(work_dir):
+        assert json.load(open(record))['pid'] == os.getpid()
+        assert not another_process_can_lock(record)
+    assert another_process_can_lock(record)
 
 
 def test_runner_writes_its_config_only_under_the_lock(held_by_another_process):
     work_dir = held_by_another_process
     runner = toy_runner(work_dir, 'lock refused')
     assert configs_in(work_dir) == []  # held back by __init__
-    with pytest.raises(WorkDirBusyError, match='is in use by another training run'):
+    with pytest.raises(SystemExit, match='is in use by another training run'):
         runner.train()
     assert configs_in(work_dir) == []  # the running run's config is safe
 
     runner = toy_runner(work_dir, 'lock not needed')
     runner.val()  # no lock to validate or test
     assert len(configs_in(work_dir)) == 1
+
+
+def test_the_deprecated_hook_still_locks_a_training_run(held_by_another_process):
+    from mmengine.runner import Runner
+    with pytest.warns(FutureWarning, match="WorkDirLockHook is deprecated.*runner_type = "
+                                           "'WorkDirLockRunner'"):
+        runner = toy_runner(held_by_another_process, 'hook refused', runner=Runner,
+                            custom_hooks=[dict(type='WorkDirLockHook')])
+    with pytest.raises(SystemExit, match='is in use by another training run'):
+        runner.train()

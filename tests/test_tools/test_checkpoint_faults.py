@@ -13,7 +13,7 @@ import torch
 from launch import load_config, run_tool  # tools/
 from mmengine.runner import load_checkpoint
 
-from moppa_mm.demo_cls import prepare_cls_demo
+from demo.vtab_task import prepare_cls_demo
 from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
 from moppa_mm.models.backbones.adapter_state import AdapterRecordError, encode_record

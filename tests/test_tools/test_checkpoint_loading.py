@@ -266,7 +266,7 @@ def test_mmpretrain_apis_match_the_test_tool(tmp_path):
     from mmpretrain.apis import ImageClassificationInferencer, get_model
     from mmpretrain.models.backbones import VisionTransformer
 
-    from moppa_mm.demo_cls import make_vtab_task
+    from demo.vtab_task import make_vtab_task
     from moppa_mm.models.converters import save_backbone
     from tests.test_tools.test_vtab_pipeline import tiny_vtab_cfg
     root = str(tmp_path / 'vtab')

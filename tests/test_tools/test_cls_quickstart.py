@@ -8,7 +8,7 @@ import subprocess
 
 import torch
 
-from moppa_mm.demo_cls import DEMO_TASK, make_mae_vit_checkpoint
+from demo.vtab_task import DEMO_TASK, make_mae_vit_checkpoint
 from moppa_mm.models.converters import convert
 from tests.conftest import PYTHON, REPO, child_env
 
@@ -25,7 +25,7 @@ def run(args, cwd):
 def test_mae_format_checkpoint_converts_to_the_vit_it_came_from(tmp_path):
     from mmpretrain.models.backbones import VisionTransformer
 
-    from moppa_mm.demo_cls import DEMO_VIT
+    from demo.vtab_task import DEMO_VIT
     path = make_mae_vit_checkpoint(str(tmp_path / 'mae.pth'), seed=3)
     raw = torch.load(path, weights_only=True)['model']
     assert 'blocks.1.mlp.fc2.bias' in raw and 'decoder_embed.weight' in raw
@@ -38,7 +38,7 @@ def test_mae_format_checkpoint_converts_to_the_vit_it_came_from(tmp_path):
 
 def test_classification_quick_start(tmp_path):
     cwd = str(tmp_path)
-    run([PYTHON, '-m', 'moppa_mm.demo_cls', '--root', 'data/vtab_demo'], cwd)
+    run([PYTHON, osp.join(REPO, 'tools/demo/vtab_task.py'), '--root', 'data/vtab_demo'], cwd)
     assert osp.isfile(tmp_path / 'data/vtab_demo' / DEMO_TASK / 'train800val200.txt')
     run([PYTHON, osp.join(REPO, 'tools/model_converters/vit_to_mmpretrain.py'), 'mae',
          'data/vtab_demo/mae_pretrain_vit_demo.pth',

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from moppa_mm.demo import prepare_demo
+from demo.coco_shapes import prepare_demo
 from tests.test_tools.test_train_test_tools import logged_test_metrics, same_metrics, val_metrics
 
 MIM = osp.join(osp.dirname(sys.executable), 'mim')  # the test venv's openmim

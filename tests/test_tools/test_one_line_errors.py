@@ -1,6 +1,7 @@
 """Our verdicts on a user's input stop the tools with one line and exit status
 1 (no traceback); an error that is not ours keeps its traceback; a checkpoint
 whose bytes do not match its zip CRC-32s is refused, naming the file."""
+import os.path as osp
 import subprocess
 import zipfile
 
@@ -18,10 +19,37 @@ def run_train(cfg, tmp_path, *args, env=None):
         env=env or child_env(), capture_output=True, text=True, timeout=600)
 
 
-def assert_one_line(run, message):
+def assert_one_line(run, message, tool='train.py'):
     assert run.returncode == 1, run.stderr[-3000:]
     assert 'Traceback' not in run.stderr, run.stderr[-3000:]
-    assert f'train.py: {message}' in run.stderr, run.stderr[-3000:]
+    assert f'{tool}: {message}' in run.stderr, run.stderr[-3000:]
+
+
+def run_tool(tool, *args, cwd=REPO):
+    return subprocess.run([PYTHON, osp.join(REPO, 'tools', tool), *map(str, args)], cwd=cwd,
+                          env=child_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize('bases', [{'self.py': './self.py'},  # a list naming itself hung
+                                   {'self.py': './b.py', 'b.py': './self.py'}])
+def test_a_cycle_of_base_files_is_one_line(tmp_path, bases):
+    for name, base in bases.items():
+        (tmp_path / name).write_text(f"_base_ = ['{base}']\ndefault_scope = 'mmpretrain'\n")
+    cycle = ' -> '.join(str(tmp_path / name) for name in list(bases) + ['self.py'])
+    assert_one_line(run_tool('train.py', tmp_path / 'self.py'),
+                    f'{tmp_path}/self.py: its _base_ files name each other in a cycle '
+                    f'(mmengine would recurse until it fails): {cycle}')
+
+
+def test_a_work_dir_that_is_a_file_is_one_line(shapes_data, tmp_path):
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    config = dump_cfg(cfg, tmp_path / 'tiny.py')
+    (tmp_path / 'file').write_text('')
+    for tool, args in (('train.py', ()), ('test.py', (shapes_data['pretrained'], ))):
+        for work_dir in ('file', 'file/sub'):
+            run = run_tool(tool, config, *args, '--work-dir', tmp_path / work_dir)
+            assert_one_line(run, f"work_dir = '{tmp_path}/{work_dir}' (--work-dir): "
+                            f"'{tmp_path}/file' is a file, not a folder", tool)
 
 
 def test_missing_data_root_is_one_line(shapes_data, tmp_path):
@@ -197,3 +225,23 @@ def test_publish_model_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr[-3000:]
     assert (f"publish_model.py: checkpoint to publish '{source}' is damaged: the bytes "
             f'of its record {info.filename!r}') in run.stderr, run.stderr[-3000:]
+
+
+def test_a_seg_head_of_another_class_count_is_one_line(tmp_path, monkeypatch):
+    """MMSegmentation's heads are checked as mmdet's are (it was torch's bare
+    IndexError at the first iteration): the segmentation demo, 5 classes."""
+    pytest.importorskip('mmseg', reason='the seg extra (mmsegmentation) is not installed')
+    from demo.ade_scenes import DEMO_SWIN, make_ade20k_scenes, make_mmseg_swin_checkpoint
+    from launch import load_config
+    from preflight import check_config
+    root = tmp_path / 'data' / 'ade_demo'
+    make_ade20k_scenes(str(root), num_train=2, num_val=1)
+    make_mmseg_swin_checkpoint(str(root / 'swin_demo_pretrained.pth'), **DEMO_SWIN)
+    config = osp.join(REPO, 'configs/demo/moppa-swin-demo_upernet_scenes-ade20k-64x64.py')
+    monkeypatch.chdir(tmp_path)  # the config reads data/ade_demo/
+    check_config(load_config(config))  # as shipped: fine
+    run = run_tool('train.py', config, '--cfg-options', 'model.decode_head.num_classes=4',
+                   cwd=tmp_path)
+    assert_one_line(run, "model.decode_head.num_classes = 4, but train_dataloader.dataset has "
+                    "5 classes ('wall', 'building', 'sky', 'floor', 'tree'; "
+                    'train_dataloader.dataset.metainfo.classes)')

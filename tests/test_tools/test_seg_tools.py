@@ -35,7 +35,7 @@ def run(args, cwd):
 def trained(tmp_path_factory):
     """The demo data (8 train / 2 val scenes) and a 6-iteration run of
     mmseg's tools/train.py, then its tools/test.py with --out."""
-    from moppa_mm.demo_seg import make_ade20k_scenes, make_mmseg_swin_checkpoint, DEMO_SWIN
+    from demo.ade_scenes import make_ade20k_scenes, make_mmseg_swin_checkpoint, DEMO_SWIN
     cwd = tmp_path_factory.mktemp('seg')
     root = str(cwd / 'data' / 'ade_demo')
     make_ade20k_scenes(root, num_train=8, num_val=2)

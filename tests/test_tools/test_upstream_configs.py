@@ -20,8 +20,8 @@ import sys
 import pytest
 import torch
 
-from moppa_mm.demo import prepare_demo
-from moppa_mm.demo_cls import prepare_cls_demo
+from demo.coco_shapes import prepare_demo
+from demo.vtab_task import prepare_cls_demo
 from moppa_mm.models.converters import convert, save_backbone
 from moppa_mm.models import read_adapter_record
 from tests.conftest import REPO, child_env

@@ -10,7 +10,7 @@ import torch
 from mmengine.fileio import load
 from mmengine.runner import Runner
 
-from moppa_mm.evaluation import vtab_table
+import vtab_table  # tools/
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg
 from tests.test_tools.test_vtab_pipeline import TASKS, tiny_vtab_cfg, vtab_root  # noqa: F401
 

@@ -14,8 +14,8 @@ from mmengine.runner import Runner
 from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.datasets import VTAB_GROUPS, VTAB_TASKS
-from moppa_mm.demo_cls import make_vtab_task
-from moppa_mm.evaluation import vtab_table
+from demo.vtab_task import make_vtab_task
+import vtab_table  # tools/
 from moppa_mm.models.converters import save_backbone
 from moppa_mm.models import read_adapter_record
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg

@@ -12,11 +12,12 @@ import sys
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, osp.join(ROOT, 'tools'))
 
 from moppa_mm.datasets.fgvc import FGVC_DATASETS  # noqa: E402
 from moppa_mm.datasets.vtab import VTAB_TASKS  # noqa: E402
-from moppa_mm.evaluation.vtab_table import (PAPER_MOPPA, PAPER_SUMMARY,  # noqa: E402
-                                            paper_method_params, paper_method_results)
+from vtab_table import (PAPER_MOPPA, PAPER_SUMMARY, paper_method_params,  # noqa: E402
+                        paper_method_results)
 
 VTAB_PRETRAINS = ('in21k-augreg', 'mae', 'mocov3')
 FGVC_PRETRAINS = ('in21k', 'mae')

@@ -1,21 +1,14 @@
 """mmengine's ``CheckpointHook`` that never leaves a run without a complete
 checkpoint to resume from.
 
-mmengine's hook deletes the oldest kept checkpoint *before* it writes the new
-one, writes the new file in place, and then rewrites ``last_checkpoint``: with
-``max_keep_ckpts=1`` a kill during the write leaves a partial ``epoch_N.pth``
-and a ``last_checkpoint`` naming the deleted ``epoch_{N-1}.pth``, and
-``--resume`` stops. Here every checkpoint file (interval, last and best) is
-written to a hidden temporary file, flushed, fsynced and renamed
-(:mod:`moppa_mm.utils.atomic`); ``last_checkpoint`` is replaced the same way
-after the rename; and an old checkpoint (beyond ``max_keep_ckpts``, or the
-previous best) is deleted only once the new one is complete.
-
-A kill between a checkpoint's rename and the write of ``last_checkpoint``
-(or a work dir copied without that file) leaves a complete checkpoint that
-``last_checkpoint`` does not name: ``--resume`` without a file takes the newest
-complete checkpoint of the work dir there, under any tool
-(:func:`~moppa_mm.utils.checkpoints.checkpoint_to_resume`), and says so.
+mmengine's hook deletes the oldest kept checkpoint (and the previous best)
+*before* it writes the new one, in place, then rewrites ``last_checkpoint``:
+a kill during the write leaves a partial file and a ``last_checkpoint`` naming
+a deleted one. Here every checkpoint is written to a hidden temporary file,
+fsynced and renamed (:mod:`moppa_mm.utils.atomic`), ``last_checkpoint`` is
+replaced after the rename, and an old checkpoint is deleted only once the new
+one is complete. Where ``last_checkpoint`` is missing or names a file that is
+gone, ``--resume`` takes the newest complete checkpoint of the work dir.
 """
 import os.path as osp
 
@@ -121,25 +114,23 @@ class AtomicCheckpointHook(CheckpointHook):
     def _save_best_checkpoint(self, runner, metrics) -> None:
         if not getattr(self, '_atomic', False) or not self.save_best:
             return super()._save_best_checkpoint(runner, metrics)
-        # mmengine removes the previous best before it writes the new one:
-        # hide the previous paths from it, and remove them after the write
-        old_single = self.best_ckpt_path
-        old_dict = dict(getattr(self, 'best_ckpt_path_dict', {}) or {})
+        # mmengine removes the previous best before it writes the new one: hide
+        # the previous paths from it, and remove them once the new one is written
+        single = getattr(self, 'best_ckpt_path', None)
+        per_key = dict(getattr(self, 'best_ckpt_path_dict', {}))
         self.best_ckpt_path = None
-        if old_dict:
-            self.best_ckpt_path_dict = {key: None for key in old_dict}
+        self.best_ckpt_path_dict = dict.fromkeys(per_key)
         try:
             super()._save_best_checkpoint(runner, metrics)
-        finally:
-            pairs = [(old_single, 'best_ckpt_path', None)] + [
-                (path, 'best_ckpt_path_dict', key) for key, path in old_dict.items()]
-            for old, attr, key in pairs:
-                new = getattr(self, attr) if key is None else self.best_ckpt_path_dict[key]
-                if new is None:  # not improved: keep the previous best
-                    if key is None:
-                        self.best_ckpt_path = old
-                    else:
-                        self.best_ckpt_path_dict[key] = old
-                elif old and old != new and is_main_process():
-                    self._remove(old)
-                    runner.logger.info(f'The previous best checkpoint {old} is removed')
+        except BaseException:  # nothing new was written: the previous ones stay
+            self.best_ckpt_path, self.best_ckpt_path_dict = single, per_key
+            raise
+        replaced = [(single, self.best_ckpt_path)] + [
+            (path, self.best_ckpt_path_dict[key]) for key, path in per_key.items()]
+        self.best_ckpt_path = self.best_ckpt_path or single  # None: not improved
+        self.best_ckpt_path_dict = {key: self.best_ckpt_path_dict[key] or path
+                                    for key, path in per_key.items()}
+        for old, new in replaced:
+            if old and new and old != new and is_main_process():
+                self._remove(old)
+                runner.logger.info(f'The previous best checkpoint {old} is removed')

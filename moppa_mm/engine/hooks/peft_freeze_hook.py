@@ -17,31 +17,24 @@ DEFAULT_COMPONENTS = adapter_components('backbone.') + (
 
 @HOOKS.register_module()
 class PEFTFreezeHook(Hook):
-    """Optional: audits (and where safe applies) which parameters train.
-
-    The MoPPA backbones need no hook: they freeze their base when built, log
-    their parameter table at ``init_weights`` and keep frozen norms in eval
-    mode. This hook is for auditing a whole model (neck and heads included) or
-    freezing by patterns in a model that does not freeze itself.
+    """Optional: audits (and where safe applies) which parameters train, for a
+    whole model (neck and heads included) or one that does not freeze itself
+    (the MoPPA backbones freeze their base when built and need no hook).
 
     A parameter may train unless it matches ``frozen`` and none of
-    ``trainable``. The hook only freezes: a parameter the model froze itself
-    (an adapter inside a backbone's ``frozen_stages``) stays frozen.
-    DDP is set up inside ``Runner.__init__``, before any hook runs, and flipping
-    ``requires_grad`` afterwards breaks it; MoPPA backbones therefore freeze
-    themselves when built, and this hook only audits. It applies the patterns
-    itself where that is safe (a model not wrapped for DDP) and otherwise
-    fails with the list of offending parameters. At train start it logs a table
-    (total / trainable / share per component) and keeps every normalisation
-    layer whose parameters are all frozen in eval mode.
+    ``trainable``; the hook only freezes. Where the model is wrapped for DDP
+    (set up before any hook runs) ``requires_grad`` can no longer change: it
+    fails, listing the offending parameters. At train start it logs the
+    parameter table and keeps every norm whose parameters are all frozen in
+    eval mode.
 
     Args:
         trainable (Sequence[str]): fnmatch patterns that stay trainable.
         frozen (Sequence[str]): fnmatch patterns to freeze. Defaults to the
             whole backbone.
         components (Sequence[tuple], optional): ``(name, patterns)`` groups of
-            the table. Defaults to MoPPA / conv adapter / scale-shift /
-            pre-trained backbone / neck / head.
+            the table. Defaults to the adapters, the pre-trained backbone, the
+            neck and the head.
     """
 
     priority = 'VERY_HIGH'

@@ -1,22 +1,11 @@
 """Say which values a resumed run takes from the checkpoint, not the config.
 
-``--resume`` restores the optimizer's state (its ``lr``, ``weight_decay``,
-``betas``... per parameter group) and the parameter schedulers' states (their
-``begin``/``end``/``T_max``/``milestones``...): a config whose learning rate or
-schedule was changed before resuming trains on with the old values without a
-word, while the run's length (``train_cfg``) and the data loader (batch size,
-process count) come from the new config. :class:`ResumeConfigCheckHook`
-compares the config stored in the checkpoint (``meta['cfg']``, which mmengine
-writes) with the running one and logs one warning that lists each differing
-value with both sides and which one the run uses. It refuses an optimizer of
-another type or another list of schedulers: the checkpoint's states would be
-loaded into objects they do not belong to.
-
-The stored config is read as data (literals and ``dict(...)`` calls of its
-top-level assignments, see :func:`config_values`), never executed: a
-checkpoint is a user file. A stored config that cannot be read (not Python,
-nested too deeply, too large), or whose optimizer, schedule or batch is not a
-literal, is named in a warning: those values are then not compared.
+``--resume`` restores the optimizer's and the parameter schedulers' states
+(``lr``, ``weight_decay``, ``T_max``, ``milestones``...) while the run's length
+and the batch come from the config: a config changed before resuming trains
+on with the old learning rate and schedule without a word. The stored config
+(``meta['cfg']``) is read as data (``ast.literal_eval``), never run: a
+checkpoint is a user file.
 """
 import ast
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,77 +14,56 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from mmengine.runner.checkpoint import find_latest_checkpoint
 
-from moppa_mm.utils.errors import MoPPAInputError
+from moppa_mm.utils.errors import InputValueError
 from moppa_mm.utils.params import short_repr
 
 WORLD_SIZE_KEY = 'moppa_world_size'
 # a dumped config is tens of kB; a stored text beyond this is not parsed
 MAX_STORED_CONFIG_CHARS = 8_000_000
-
-
-class _NotALiteral(Exception):
-    pass
-
-
 _UNKNOWN = object()
 
 
-def _literal(node: ast.AST) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        values = [_literal(element) for element in node.elts]
-        return tuple(values) if isinstance(node, ast.Tuple) else values
-    if isinstance(node, ast.Dict):
-        if any(key is None for key in node.keys):  # {**other}
-            raise _NotALiteral
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
-    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd))
-            and isinstance(node.operand, ast.Constant)
-            and isinstance(node.operand.value, (int, float))):
-        value = node.operand.value
-        return -value if isinstance(node.op, ast.USub) else value
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id == 'dict' and not node.args
-            and all(keyword.arg is not None for keyword in node.keywords)):
-        return {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
-    raise _NotALiteral
+class _DictCallsAsLiterals(ast.NodeTransformer):
+    """``dict(a=1)`` (as mmengine's ``Config.pretty_text`` writes a dict) as the
+    literal ``{'a': 1}``, for ``ast.literal_eval``."""
 
-
-class StoredConfigError(MoPPAInputError, ValueError):
-    """The config stored in a checkpoint cannot be read as data."""
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if (isinstance(node.func, ast.Name) and node.func.id == 'dict' and not node.args
+                and all(keyword.arg is not None for keyword in node.keywords)):
+            return ast.Dict([ast.Constant(k.arg) for k in node.keywords],
+                            [k.value for k in node.keywords])
+        return node
 
 
 def config_values(text: str) -> Dict[str, Any]:
-    """The top-level ``name = value`` assignments of a config text (as
-    mmengine's ``Config.pretty_text`` writes it) whose value is a literal or
-    ``dict(...)`` of literals; other assignments are left out. Nothing of the
-    text runs (mmengine's ``Config.fromstring`` would execute it).
+    """The top-level ``name = value`` assignments of a config text whose value
+    is a literal (``dict(...)`` calls included); other assignments are left
+    out. Nothing of the text runs (mmengine's ``Config.fromstring`` would).
 
     Raises:
-        StoredConfigError: the text is not Python (the error and its line),
+        InputValueError: the text is not Python (the error and its line),
             nested too deeply to parse, or larger than a config
             (``MAX_STORED_CONFIG_CHARS``).
     """
     if len(text) > MAX_STORED_CONFIG_CHARS:
-        raise StoredConfigError(f'it is {len(text):,} characters long, more than the '
-                                f'{MAX_STORED_CONFIG_CHARS:,} a config takes')
+        raise InputValueError(f'it is {len(text):,} characters long, more than the '
+                              f'{MAX_STORED_CONFIG_CHARS:,} a config takes')
     try:
-        tree = ast.parse(text)
+        tree = _DictCallsAsLiterals().visit(ast.parse(text))
     except SyntaxError as error:
-        raise StoredConfigError(f'it is not Python ({error.msg}, line {error.lineno})'
-                                ) from None
+        raise InputValueError(f'it is not Python ({error.msg}, line {error.lineno})'
+                              ) from None
     except (ValueError, RecursionError, MemoryError) as error:
-        reason = ('nested too deeply to parse' if not isinstance(error, ValueError)
-                  else str(error))
-        raise StoredConfigError(f'it cannot be parsed: {reason}') from None
+        reason = str(error) if isinstance(error, ValueError) else 'nested too deeply to parse'
+        raise InputValueError(f'it cannot be parsed: {reason}') from None
     values = {}
     for statement in tree.body:
         if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Name)):
             try:
-                values[statement.targets[0].id] = _literal(statement.value)
-            except (_NotALiteral, RecursionError, TypeError):
+                values[statement.targets[0].id] = ast.literal_eval(statement.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 pass  # a value we cannot read without running code
     return values
 
@@ -169,11 +137,13 @@ COMPARED: Tuple[Tuple[str, str], ...] = (
 
 @HOOKS.register_module()
 class ResumeConfigCheckHook(Hook):
-    """On ``--resume``: warn, listing each value of the schedule, optimizer or
-    batch that differs between the checkpoint's config and the running one,
-    with both values and which one the run uses; refuse another optimizer type
-    or another list of parameter schedulers. Records the process count in each
-    checkpoint's ``meta`` to compare it too."""
+    """On ``--resume``: warn once, listing each value of the schedule, optimizer,
+    batch or process count (recorded in each checkpoint's ``meta``) that differs
+    between the checkpoint's config and the running one, with both values and
+    which one the run uses; refuse another optimizer type or another list of
+    parameter schedulers (their states would load into the wrong objects). A
+    stored config that cannot be read, or whose values are no literals, is
+    named in a warning: those values are not compared."""
 
     priority = 'VERY_HIGH'
 
@@ -195,7 +165,7 @@ class ResumeConfigCheckHook(Hook):
                   or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
         try:
             old = config_values(text)
-        except StoredConfigError as error:
+        except InputValueError as error:
             runner.logger.warning(
                 f'ResumeConfigCheckHook: --resume from {source}: the config stored in '
                 f'the checkpoint (meta[\'cfg\']) cannot be read: {error}. The values it '
@@ -214,7 +184,7 @@ class ResumeConfigCheckHook(Hook):
         old_type = _get(old, 'optim_wrapper.optimizer.type')
         new_type = _get(new, 'optim_wrapper.optimizer.type')
         if _UNKNOWN not in (old_type, new_type) and old_type != new_type:
-            raise RuntimeError(
+            raise InputValueError(
                 f'--resume from {source}: the checkpoint was trained with the '
                 f'{old_type} optimizer, the config has {new_type}; its optimizer '
                 'state cannot be resumed by another optimizer. Go back to '
@@ -224,7 +194,7 @@ class ResumeConfigCheckHook(Hook):
         new_schedulers = _scheduler_types(_get(new, 'param_scheduler'))
         if (old_schedulers is not None and new_schedulers is not None
                 and old_schedulers != new_schedulers):
-            raise RuntimeError(
+            raise InputValueError(
                 f'--resume from {source}: the checkpoint holds the states of the '
                 f'parameter schedulers {old_schedulers}, the config has '
                 f'{new_schedulers}; mmengine would load them pairwise into the wrong '

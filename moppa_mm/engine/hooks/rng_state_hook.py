@@ -1,4 +1,4 @@
-"""Makes an interrupted run continue exactly where it stopped."""
+"""An interrupted run continues exactly where it stopped."""
 import random
 from typing import List, Optional
 
@@ -56,64 +56,29 @@ class _RestoreAfterSkip:
 
 @HOOKS.register_module()
 class RNGStateHook(Hook):
-    """Saves every training process's random number generator states in
-    checkpoints, restores each process's own when training resumes, and keeps
-    validation off training's stream.
+    """Saves every training process's random generator states in checkpoints
+    and restores each process's own on resume, so that a killed and resumed
+    run reproduces the uninterrupted one (docs/design.md, "Exact resume").
 
-    mmengine's ``resume`` only re-seeds. Three things make a killed and resumed
-    run differ from the uninterrupted one, and this hook removes them:
-
-    * Every process has its own random stream (its own samples, random
-      transforms, proposal sampling that draws a data-dependent amount), but
-      only the main process writes checkpoints: ``Runner.save_checkpoint`` is
-      ``master_only``, the other ranks never see ``before_save_checkpoint``.
-      The hook therefore gathers every rank's states (``all_gather_object``)
-      at the points where a ``CheckpointHook`` may save: after a training
-      epoch, before validation (``save_best``), and after a training
-      iteration at which a ``by_epoch=False`` ``CheckpointHook`` saves. Its
-      priority (``LOW``) puts it before ``CheckpointHook`` (``VERY_LOW``).
-      On resume each rank restores its own states; a checkpoint saved by a
-      different number of processes is refused with an error.
-    * Validation draws random numbers (a new DataLoader iterator draws its base
-      seed from the global torch generator; a random test-time transform would
-      draw more), and it runs after the checkpoint is written
-      (``CheckpointHook`` saves in ``after_train_iter``/``after_train_epoch``,
-      the loop validates afterwards). The hook captures the states in
-      ``before_val`` and puts them back in ``after_val``, so validation never
-      moves training's random stream: the state saved with a checkpoint is the
-      state the next training iteration starts from, whether or not a
-      validation runs in between (a resumed run skips the one it was killed
-      in). A checkpoint written during validation (``save_best``) stores the
-      training states captured in ``before_val``.
-    * Between writing a checkpoint and the next iteration, the uninterrupted run
-      then draws random numbers only when it fetches the next batch. The
-      resumed run is put back in the same state at the same point: for
-      iteration loops, right after the batches that resuming replays and
-      before the next fetch; for epoch loops, at the start of the epoch.
-
-    The resumed run then reproduces the uninterrupted one, with data loaded in
-    the main process or by workers started anew every epoch
-    (``persistent_workers=False``); the shipped configs seed those with
-    ``epoch_seeded_worker_init``, from the main process's generator, so that
-    every epoch draws new augmentations and a resumed one draws the
-    uninterrupted run's. Workers that persist across epochs
-    (``persistent_workers=True``) carry random states no checkpoint holds: an
-    epoch loop resumed with them is not exact, and the hook says so with a
-    warning (an iteration loop replays the skipped batches through its
-    workers and stays exact). The saved states,
-    ``checkpoint['meta']['rng_state']``, are a list with one plain dict per
-    rank: ``python`` (``random.getstate()``), ``numpy``
-    (``np.random.get_state()``), ``torch`` (a uint8 tensor) and, where CUDA is
-    available, ``cuda`` (a list of uint8 tensors, one per device). A
-    checkpoint saved where the hook could not gather the other ranks' states
-    (a ``runner.save_checkpoint`` call from elsewhere) holds ``None`` for
-    them, with a warning; resuming it with several processes is refused.
+    mmengine's resume only re-seeds. The hook (1) gathers every rank's states
+    (``all_gather_object``) where a ``CheckpointHook`` may save (after a
+    training epoch, before validation, after an iteration at which a
+    ``by_epoch=False`` hook saves; ``Runner.save_checkpoint`` runs on rank 0
+    only), its priority ``LOW`` putting it before ``CheckpointHook``; (2)
+    puts the states back after each validation, so validation never moves
+    training's stream; (3) restores them where the uninterrupted run was: at
+    the start of the epoch, or, for iteration loops, after the batches that
+    resuming replays. ``checkpoint['meta']['rng_state']`` is one plain dict
+    per rank (``python``, ``numpy``, ``torch``, ``cuda``). Workers that persist
+    across epochs hold states no checkpoint has: an epoch loop resumed with
+    them warns that it is not exact (the shipped configs restart them with
+    ``epoch_seeded_worker_init``).
 
     Args:
-        exact_resume (bool): Refuse a resume that cannot be exact: another
-            number of processes than the checkpoint saved states for, or a
-            rank whose state is missing. False: warn and resume from the
-            generators as seeded (not bit-identical). Defaults to True.
+        exact_resume (bool): Refuse a resume that cannot be exact (another
+            number of processes than the checkpoint has states for, or a rank
+            without its state); False: warn and resume from the generators as
+            seeded. Defaults to True.
     """
 
     priority = 'LOW'
@@ -225,14 +190,9 @@ class RNGStateHook(Hook):
             loader = loop.dataloader
             if runner.epoch > 0 and loader.num_workers > 0 and loader.persistent_workers:
                 runner.logger.warning(
-                    'RNGStateHook: the training data loader\'s workers are '
-                    'persistent; their random states (random transforms) '
-                    'live in the worker processes, which no checkpoint holds. '
-                    f'They restart from the seed at epoch {runner.epoch + 1}, '
-                    'where the uninterrupted run continued them: this resumed '
-                    'run is not bit-identical to it. For an exact resume, set '
-                    'train_dataloader.persistent_workers=False and '
-                    'train_dataloader.worker_init_fn=dict(type='
-                    '\'epoch_seeded_worker_init\') (workers restart every epoch, '
-                    'seeded from the checkpointed generator), as the shipped '
-                    'configs do')
+                    "RNGStateHook: the training data loader's workers are persistent: "
+                    'their random states, which no checkpoint holds, restart from the '
+                    f'seed at epoch {runner.epoch + 1}, so this resumed run is not '
+                    'bit-identical to the uninterrupted one. For an exact resume, set '
+                    'train_dataloader.persistent_workers=False and worker_init_fn='
+                    "dict(type='epoch_seeded_worker_init'), as the shipped configs do")

@@ -26,21 +26,14 @@ class _DropFrozenMessages(logging.Filter):
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class TrainableParamsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
-    """mmengine's default constructor, over ``requires_grad`` parameters only.
-
-    With a ``paramwise_cfg`` mmengine leaves frozen parameters out but logs a
-    warning for each (hundreds for a frozen Swin-B); without one it hands every
-    parameter, frozen ones included, to the optimizer. This constructor builds
-    the same groups (same lr / weight decay rules), drops the frozen parameters
-    from them, and logs one summary line instead. Set it in a config with
+    """mmengine's default constructor (same groups, same lr / weight decay
+    rules) over ``requires_grad`` parameters only, with one summary line
+    instead of mmengine's warning per frozen parameter (hundreds for a frozen
+    Swin-B). Where a ``custom_keys`` entry gives a MoPPA backbone's adapters
+    another lr than the optimizer's (``'backbone': dict(lr_mult=0.1)``), it
+    warns, naming the key and the longer key that restores the lr (the
+    backbone's own first-step check is then done). Set it with
     ``optim_wrapper = dict(constructor='TrainableParamsOptimWrapperConstructor')``.
-
-    Where a ``custom_keys`` entry gives a MoPPA backbone's adapters another lr
-    than the optimizer's (``'backbone': dict(lr_mult=0.1)``, written for a
-    backbone that trains whole), it logs one warning naming the key, the
-    adapters' lr and the longer key that restores it (mmengine applies the
-    longest key that matches), and the backbone's own first-step check
-    (:mod:`moppa_mm.models.backbones.optimizer_check`) is then done.
     """
 
     def __call__(self, model: nn.Module) -> OptimWrapper:

@@ -5,7 +5,7 @@ import torch
 from mmdet.models.backbones import SwinTransformer
 from mmdet.models.backbones.swin import swin_converter
 
-from moppa_mm.demo import mmdet_swin_to_official
+from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer
 from moppa_mm.models import full_state
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key

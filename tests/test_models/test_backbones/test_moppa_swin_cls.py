@@ -9,7 +9,7 @@ from mmpretrain.models.backbones import SwinTransformer
 from mmpretrain.registry import MODELS
 
 from moppa_mm.datasets import VTAB_TASKS
-from moppa_mm.demo import mmdet_swin_to_official
+from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError, is_adapter_key
 from moppa_mm.models.converters import convert, save_backbone, swin_to_mmpretrain

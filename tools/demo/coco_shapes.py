@@ -1,6 +1,9 @@
 """The quick-start's data: a small instance-segmentation set in COCO format
 (coloured squares, circles and triangles) and a small Swin "pre-trained"
-checkpoint in the official release format. Nothing is downloaded."""
+checkpoint in the official release format. Nothing is downloaded::
+
+    python tools/demo/coco_shapes.py --root data/shapes_demo
+"""
 import json
 import os
 import os.path as osp

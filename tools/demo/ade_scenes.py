@@ -4,7 +4,7 @@ label 0 = unlabelled, 1..5 = ADE20K's wall, building, sky, floor, tree) and a
 small Swin "pre-trained" checkpoint in MMSegmentation's format. Nothing is
 downloaded::
 
-    python -m moppa_mm.demo_seg --root data/ade_demo
+    python tools/demo/ade_scenes.py --root data/ade_demo
 """
 import os
 import os.path as osp

@@ -9,7 +9,9 @@ from mmengine.hooks import Hook, LoggerHook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from moppa_mm.operators import MoPPAUnit, moppa_units
+from moppa_mm.operators import MoPPAUnit
+from moppa_mm.registry import register_old_name
+from moppa_mm.utils.errors import InputValueError
 
 
 def stage_of(unit_name: str) -> str:
@@ -32,55 +34,44 @@ def mean_route_weights(model: torch.nn.Module) -> Dict[str, float]:
 
 
 @HOOKS.register_module()
-class RouteRegularizationHook(Hook):
+class RouteWeightLoggerHook(Hook):
     """Logs the mean route weights per stage and expert (``route/stage0/heat``,
     ...; ``route/all/...`` for a ViT) every ``log_interval`` iterations through
     ``runner.visualizer.add_scalars``: they land in ``vis_data/scalars.json``
     and in TensorBoard / W&B when the config's ``visualizer`` has those
-    backends, not in the text log.
-
-    Optional. The regularisation (paper Eq. 13) is the backbone's: a MoPPA
-    backbone adds ``loss_route = w * max(1 - 2T / T_total, 0) * L_reg`` to its
-    model's loss dict under any runner or tool, with ``w`` its
-    ``route_loss_weight`` argument (``model.backbone.route_loss_weight``).
+    backends, not in the text log. The route regularisation (paper Eq. 13) is
+    the backbone's, under any runner (``model.backbone.route_loss_weight``).
 
     Args:
         log_interval (int, optional): Iterations between route-weight logs.
             Defaults to the LoggerHook's interval (50 without one); 0 disables.
-        loss_weight: No longer taken: set ``model.backbone.route_loss_weight``.
     """
 
-    priority = 'NORMAL'
-
-    def __init__(self, log_interval: Optional[int] = None,
-                 loss_weight: Optional[float] = None) -> None:
-        if loss_weight is not None:
-            raise ValueError(
-                'RouteRegularizationHook no longer takes loss_weight: the route '
-                'loss is the MoPPA backbone\'s; set '
-                f'model.backbone.route_loss_weight={loss_weight} instead')
+    def __init__(self, log_interval: Optional[int] = None) -> None:
         assert log_interval is None or log_interval >= 0, \
             f'log_interval must be >= 0, got {log_interval}'
         self.log_interval = log_interval
-        self.active = False
 
     def before_train(self, runner) -> None:
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        if not moppa_units(model):
-            runner.logger.warning(
-                f'RouteRegularizationHook: {type(model).__name__} holds no MoPPA '
-                'unit (use_moppa=False?): no route weights to log')
-            return
-        self.active = True
         if self.log_interval is None:
             loggers = [h for h in runner.hooks if isinstance(h, LoggerHook)]
             self.log_interval = loggers[0].interval if loggers else 50
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs=None) -> None:
-        if self.active and self.log_interval and \
-                self.every_n_train_iters(runner, self.log_interval):
-            model = runner.model.module if is_model_wrapper(runner.model) \
-                else runner.model
-            runner.visualizer.add_scalars(mean_route_weights(model),
-                                          step=runner.iter + 1)
+        if self.log_interval and self.every_n_train_iters(runner, self.log_interval):
+            model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+            weights = mean_route_weights(model)
+            if weights:  # none without MoPPA units (use_moppa=False)
+                runner.visualizer.add_scalars(weights, step=runner.iter + 1)
+
+
+def _old_name(log_interval: Optional[int] = None, loss_weight: Optional[float] = None):
+    if loss_weight is not None:
+        raise InputValueError(
+            'RouteRegularizationHook no longer takes loss_weight: the route loss is '
+            f'the MoPPA backbone\'s; set model.backbone.route_loss_weight={loss_weight}')
+    return RouteWeightLoggerHook(log_interval)
+
+
+register_old_name(HOOKS, 'RouteRegularizationHook', RouteWeightLoggerHook, _old_name)

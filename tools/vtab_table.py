@@ -1,4 +1,5 @@
-"""VTAB-1K results shaped like the paper's tables (Table 2, supplementary)."""
+"""VTAB-1K results shaped like the paper's tables (Table 2, supplementary), for
+``tools/vtab_sweep.py``, ``tools/misc/generate_configs.py`` and the model index."""
 import csv
 import glob
 import io

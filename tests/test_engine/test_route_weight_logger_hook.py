@@ -8,7 +8,7 @@ import pytest
 from mmengine.config import ConfigDict
 from mmengine.runner import Runner
 
-from moppa_mm.engine.hooks.route_regularization_hook import stage_of
+from moppa_mm.engine.hooks.route_weight_logger_hook import stage_of
 from tests.conftest import tiny_detection_cfg
 
 EXPERTS = ('heat', 'wave', 'poisson')
@@ -28,7 +28,7 @@ def test_route_weights_in_scalars_and_tensorboard(shapes_data, tmp_path):
     # a visualizer is a process-wide instance per name: mmdet's runtime names it
     # 'visualizer', and an earlier Runner's would write into its own work_dir
     cfg.visualizer.name = f'route-logging-{tmp_path.name}'
-    cfg.custom_hooks.append(ConfigDict(type='RouteRegularizationHook'))  # opt-in logging
+    cfg.custom_hooks.append(ConfigDict(type='RouteWeightLoggerHook'))  # opt-in logging
     runner = Runner.from_cfg(cfg)
     runner.train()
     units = runner.model.backbone.stages

@@ -4,6 +4,7 @@ from typing import Dict, Iterator, Tuple
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from moppa_mm.registry import register_old_name
 from moppa_mm.utils.checkpoints import from_plain, to_plain
 
 # where the names of the functions left out of the schedulers' states go
@@ -27,7 +28,7 @@ def _scheduler_states(schedulers, where: str = 'param_schedulers') -> Iterator[T
 
 
 @HOOKS.register_module()
-class PlainCheckpointHook(Hook):
+class WeightsOnlyCheckpointHook(Hook):
     """Writes every checkpoint as tensors and plain containers only, and reads
     such checkpoints back, so that no loader needs ``weights_only=False``.
 
@@ -71,7 +72,7 @@ class PlainCheckpointHook(Hook):
         if new:
             self._warned.update(new)
             runner.logger.warning(
-                'PlainCheckpointHook: left out of the checkpoint, as no '
+                'WeightsOnlyCheckpointHook: left out of the checkpoint, as no '
                 'weights_only loader can read them: ' + '; '.join(
                     f'{where} (a {kind})' for where, kind in new))
 
@@ -102,6 +103,9 @@ class PlainCheckpointHook(Hook):
                    for where, name in saved.items() if live.get(where) != name]
         if changed:
             runner.logger.warning(
-                'PlainCheckpointHook: the resumed schedulers keep the functions '
+                'WeightsOnlyCheckpointHook: the resumed schedulers keep the functions '
                 'built from this run\'s config, which differ from the '
                 'checkpoint\'s: ' + '; '.join(changed))
+
+
+register_old_name(HOOKS, 'PlainCheckpointHook', WeightsOnlyCheckpointHook)

@@ -4,7 +4,7 @@ and a small ViT "pre-trained" checkpoint in the official MAE release format
 (``{'model': {timm keys}}``), which ``tools/model_converters/vit_to_mmpretrain.py
 mae`` converts like the real one. Nothing is downloaded.
 
-    python -m moppa_mm.demo_cls --root data/vtab_demo
+    python tools/demo/vtab_task.py --root data/vtab_demo
 """
 import os
 import os.path as osp
@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import torch
 
-from .datasets.vtab import VTAB_TASKS
+from moppa_mm.datasets.vtab import VTAB_TASKS
 
 DEMO_TASK = 'eurosat'  # 10 classes
 DEMO_VIT = dict(arch=dict(embed_dims=32, num_layers=2, num_heads=4,

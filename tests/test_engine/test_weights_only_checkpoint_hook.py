@@ -1,4 +1,4 @@
-"""PlainCheckpointHook with real mmengine Runners: a scheduler that keeps a
+"""WeightsOnlyCheckpointHook with real mmengine Runners: a scheduler that keeps a
 function in its state (OneCycle) saves, loads with ``weights_only=True`` and
 resumes its schedule exactly; whatever cannot be stored is left out with one
 warning, and the save happens."""
@@ -44,7 +44,7 @@ def build_runner(work_dir, name, anneal='cos', resume_from=None, extra_hooks=())
         train_cfg=dict(by_epoch=False, max_iters=8),
         default_hooks=dict(checkpoint=dict(type='CheckpointHook', by_epoch=False,
                                            interval=4)),
-        custom_hooks=[dict(type='PlainCheckpointHook'), recorder, *extra_hooks],
+        custom_hooks=[dict(type='WeightsOnlyCheckpointHook'), recorder, *extra_hooks],
         randomness=dict(seed=0), load_from=resume_from, resume=resume_from is not None)
     return runner, recorder
 
@@ -71,7 +71,7 @@ def test_one_cycle_checkpoint_loads_safely_and_resumes_the_schedule_exactly(tmp_
     runner.train()
     assert sorted(resumed.lrs) == [4, 5, 6, 7]
     assert [resumed.lrs[i] for i in range(4, 8)] == [whole.lrs[i] for i in range(4, 8)]
-    assert 'PlainCheckpointHook:' not in read_log(tmp_path / 'resumed')
+    assert 'WeightsOnlyCheckpointHook:' not in read_log(tmp_path / 'resumed')
 
     # the config changed the function: the run uses its own, and says so
     runner, changed = build_runner(tmp_path / 'changed', 'one cycle changed', anneal='linear',
