@@ -41,7 +41,7 @@ from benchmarks.timing import sync  # noqa: E402
 from moppa_mm import AdapterBank  # noqa: E402
 from moppa_mm.apis.adapter_bank import build_model  # noqa: E402
 from moppa_mm.datasets import VTAB_TASKS  # noqa: E402
-from moppa_mm.models import full_state  # noqa: E402
+from moppa_mm.models import full_state_dict  # noqa: E402
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key  # noqa: E402
 
 CONFIG = 'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-{}.py'
@@ -66,9 +66,8 @@ def save_random_base(cfg: Config, path: str) -> None:
     cfg.model.backbone.init_cfg = None
     model = build_model(cfg)
     model.init_weights()
-    with full_state(model):
-        state = {k: v for k, v in model.state_dict().items() if k.startswith('backbone.')
-                 and not is_adapter_key(k[len('backbone.'):]) and '_extra_state' not in k}
+    state = {k: v for k, v in full_state_dict(model).items() if k.startswith('backbone.')
+             and not is_adapter_key(k[len('backbone.'):]) and '_extra_state' not in k}
     torch.save({'state_dict': state}, path)
 
 

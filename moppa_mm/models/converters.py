@@ -20,8 +20,8 @@ import torch
 
 from moppa_mm.utils.atomic import atomic_torch_save
 from moppa_mm.utils.errors import MoPPAInputError
-from moppa_mm.utils.checkpoints import (CheckpointLoadError, NonFiniteCheckpointError, check_finite,
-                                        is_npz, load_checkpoint_file)
+from moppa_mm.utils.checkpoints import (CheckpointLoadError, check_finite, is_npz,
+                                        load_checkpoint_file)
 
 # timm block names -> mmpretrain layer names
 TIMM_TO_MMPRETRAIN = OrderedDict([
@@ -246,9 +246,7 @@ def _not_a_npz(path: str) -> Optional[SourceFormatError]:
     saying what it is, if it is a PyTorch checkpoint (loaded safely)."""
     try:
         checkpoint = load_checkpoint_file(path, what='source checkpoint')
-    except NonFiniteCheckpointError:
-        raise
-    except (CheckpointLoadError, RuntimeError):
+    except RuntimeError:  # CheckpointLoadError too
         return None  # neither format: the .npz reader's error says so
     found = identify(checkpoint)
     looks = f'; it looks like {LOOKS_LIKE[found]}. {_what_to_do(found, path)}' \

@@ -18,7 +18,7 @@ def merge_adapters(model: nn.Module) -> nn.Module:
 
         model = init_model(config, adapter_checkpoint)  # any loader
         merge_adapters(model)
-        torch.save({'state_dict': model.state_dict()}, 'merged.pth')
+        torch.save({'state_dict': model.state_dict()}, 'merged.pth')  # whole
     """
     backbones = [m for m in model.modules() if isinstance(m, AdapterMixin)]
     if not backbones:

@@ -14,12 +14,12 @@ of your own:
 
 Importing this package imports nothing heavier than torch and numpy.
 """
-from .checkpoints import CheckpointLoadError, NonFiniteCheckpointError, load_checkpoint_file
+from .checkpoints import CheckpointLoadError, load_checkpoint_file
 from .errors import MoPPAInputError
 from .malloc import keep_freed_memory
 from .params import matches, parameter_table, set_trainable
 
 __all__ = [
-    'CheckpointLoadError', 'NonFiniteCheckpointError', 'load_checkpoint_file',
+    'CheckpointLoadError', 'load_checkpoint_file',
     'MoPPAInputError', 'keep_freed_memory', 'matches', 'parameter_table', 'set_trainable'
 ]

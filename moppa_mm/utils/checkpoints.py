@@ -9,14 +9,12 @@ tagged plain containers, :func:`from_plain` turns them back). mmengine's own
 loader calls ``torch.load`` without ``weights_only``, which torch >= 2.6 takes
 as ``True``.
 
-A file that needs more is refused with a :class:`CheckpointLoadError` naming
-it, and so is one whose weights or optimizer state hold NaN or infinite values
-(:class:`NonFiniteCheckpointError`, naming the first keys): every file our
-tools load comes through :func:`load_checkpoint_file`, and the MoPPA backbones
-run the same :func:`check_finite` on whatever state dict mmengine's loaders
-hand them. The opt-in, for a file from a source you trust, is torch's own environment
-variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``; it applies to mmengine's
-loader and to ours alike.
+A file that needs more, is cut short or is no checkpoint is refused with a
+:class:`CheckpointLoadError` naming it, and so is one whose weights or
+optimizer state hold NaN or infinite values (:func:`check_finite`, which the
+MoPPA models' load check runs too). The opt-in, for a file from a source you
+trust, is torch's own environment variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``;
+it applies to mmengine's loader and to ours alike.
 """
 import contextlib
 import copyreg
@@ -27,7 +25,6 @@ import re
 import struct
 import urllib.error
 import zipfile
-import zlib
 from collections import OrderedDict
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -41,11 +38,9 @@ _TRUE_VALUES = ('1', 'y', 'yes', 'true')  # as torch.load reads the variable
 
 
 class CheckpointLoadError(MoPPAInputError, RuntimeError):
-    """A checkpoint file could not be loaded safely (refused, truncated, empty)."""
-
-
-class NonFiniteCheckpointError(CheckpointLoadError):
-    """A checkpoint holds NaN or infinite weights (or optimizer state)."""
+    """A checkpoint cannot be used as it is: refused, cut short, no
+    checkpoint, damaged, or holding NaN or infinite values. Another copy of
+    the file (or another file) is the fix."""
 
 
 def unsafe_load_allowed() -> bool:
@@ -172,10 +167,13 @@ def _unreadable(path: str, what: str, error: BaseException) -> CheckpointLoadErr
 def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
     """Re-raise a loading failure inside the block as a
     :class:`CheckpointLoadError` that names ``path`` (and the opt-in where the
-    file was refused for holding objects)."""
+    file was refused for holding objects); a verdict of ours raised inside
+    (a model's load check) gets the file's name in front."""
     try:
         yield
-    except CheckpointLoadError:
+    except MoPPAInputError as error:
+        if repr(path) not in str(error):
+            error.args = (f'{what} {path!r}: {error}', )
         raise
     except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as error:
         raise _explain(path, what, error) from error
@@ -206,37 +204,11 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise
 
 
-def check_archive(path: str, what: str = 'checkpoint') -> None:
-    """Raise :class:`CheckpointLoadError` naming ``path`` and its first
-    damaged record where a zip checkpoint's bytes do not match the CRC-32 the
-    archive stores for them (``torch.load`` does not check them: flipped bytes
-    inside a tensor would load as wrong weights). Reads the whole file once;
-    a file that is no zip archive (torch's legacy format) is left to
-    ``torch.load``."""
-    if not zipfile.is_zipfile(path):
-        return
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    # a record the zip reader cannot inflate (zlib.error) or whose compression it
-    # does not know: torch.load would fail on it too
-    except (zipfile.BadZipFile, EOFError, NotImplementedError, zlib.error) as error:
-        raise _explain(path, what, error) from None
-    if damaged is not None:
-        raise CheckpointLoadError(
-            f'{what} {path!r} is damaged: the bytes of its record {damaged!r} do not '
-            'match the checksum (CRC-32) the archive stores for them (a disk or copy '
-            'error, or a file changed after it was saved); copy or download it again')
-
-
 def load_checkpoint_file(path: str, what: str = 'checkpoint',
                          map_location='cpu', mmap: bool = False) -> Any:
     """``torch.load`` a local file with ``weights_only=True`` (unless the user
-    opted in), raising :class:`CheckpointLoadError` that names ``path`` (also
-    for a zip archive whose bytes do not match its CRC-32s:
-    :func:`check_archive`); a NaN
-    or infinite tensor (weights, optimizer state) raises
-    :class:`NonFiniteCheckpointError` (:func:`check_finite`).
+    opted in), raising :class:`CheckpointLoadError` that names ``path``, also
+    for a NaN or infinite tensor (weights, optimizer state: :func:`check_finite`).
 
     Args:
         path: the local file.
@@ -252,7 +224,6 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
     with naming_checkpoint(path, what):
         if osp.getsize(path) == 0:
             raise EOFError('empty file')
-        check_archive(path, what)
         weights_only = not unsafe_load_allowed()
         use_mmap = mmap and zipfile.is_zipfile(path)
         checkpoint = torch.load(path, map_location=map_location,
@@ -297,7 +268,7 @@ def non_finite_tensors(obj: Any, where: str = '') -> List[Tuple[str, int, int]]:
 
 
 def check_finite(checkpoint: Any, source: str) -> None:
-    """Raise :class:`NonFiniteCheckpointError` if any floating-point tensor of
+    """Raise :class:`CheckpointLoadError` if any floating-point tensor of
     ``checkpoint`` (weights, optimizer state; not :data:`NOT_WEIGHTS`) holds a
     NaN or an infinity. ``source`` names it (e.g. ``"checkpoint 'x.pth'"``)."""
     if isinstance(checkpoint, dict):
@@ -307,7 +278,7 @@ def check_finite(checkpoint: Any, source: str) -> None:
         return
     listed = ', '.join(f'{key} ({count} of {size})' for key, count, size in bad[:5])
     more = f', ... ({len(bad)} tensors in all)' if len(bad) > 5 else ''
-    raise NonFiniteCheckpointError(
+    raise CheckpointLoadError(
         f'{source} holds NaN or infinite values in {len(bad)} '
         f'tensor{"s" if len(bad) > 1 else ""}: {listed}{more}. Training or testing '
         'with it gives NaN: was it saved by a run that diverged, or damaged? Take '

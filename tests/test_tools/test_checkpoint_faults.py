@@ -16,9 +16,9 @@ from mmengine.runner import load_checkpoint
 from moppa_mm.demo_cls import prepare_cls_demo
 from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
-from moppa_mm.models.backbones.adapter_state import AdapterRecordError, encode_record
+from moppa_mm.models.backbones.adapter_state import AdapterRecordMismatchError, encode_record
 from moppa_mm.models.converters import SourceFormatError, convert, save_backbone
-from moppa_mm.utils.checkpoints import CheckpointLoadError, NonFiniteCheckpointError
+from moppa_mm.utils.checkpoints import CheckpointLoadError, CheckpointLoadError
 from tests.conftest import REPO
 
 CONFIG = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')
@@ -66,7 +66,7 @@ def build_model(cfg):
 
 
 def test_test_tool_refuses_nan_adapter_checkpoint(in_demo):
-    with pytest.raises(NonFiniteCheckpointError) as error:
+    with pytest.raises(CheckpointLoadError) as error:
         run_tool('test', [CONFIG, 'nan_adapter.pth', '--work-dir', 'work'])
     text = str(error.value)
     assert "to test (CHECKPOINT argument, load_from) = 'nan_adapter.pth'" in text, text
@@ -78,7 +78,7 @@ def test_tools_refuse_nan_pretrained_checkpoint(in_demo, mode):
     args = [CONFIG, '--cfg-options', f'{INIT_CFG}=nan_pretrained.pth', '--work-dir', 'work']
     if mode == 'test':
         args.insert(1, PRETRAINED)  # any checkpoint: the pre-trained one is checked too
-    with pytest.raises(NonFiniteCheckpointError,
+    with pytest.raises(CheckpointLoadError,
                        match=rf"{INIT_CFG} = 'nan_pretrained.pth' holds NaN or infinite "
                              r"values in 1 tensor: state_dict\.backbone\.layers\.1\.attn\."
                              r"qkv\.bias \(1 of 96\)"):
@@ -98,7 +98,7 @@ def test_resume_refuses_non_finite_optimizer_state(in_demo, tmp_path, resume):
     else:  # --resume alone: the latest checkpoint of the work dir
         (tmp_path / 'last_checkpoint').write_text(path)
         args, how = ['--resume'], r'\(--resume: the latest in work_dir\)'
-    with pytest.raises(NonFiniteCheckpointError,
+    with pytest.raises(CheckpointLoadError,
                        match=rf"to resume from {how} = .*epoch_3\.pth' .*"
                              r"optimizer\.state\.0\.exp_avg_sq \(3 of 3\)"):
         run_tool('train', [CONFIG, *args, '--work-dir', str(tmp_path)])
@@ -115,12 +115,12 @@ def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
     """mmdet's and mmpretrain's own tools and APIs load through mmengine, not
     through our tools: the MoPPA backbone's state-dict check stops them."""
     cfg = load_config(CONFIG, cfg_options={INIT_CFG: 'nan_pretrained.pth'})
-    with pytest.raises(NonFiniteCheckpointError,
+    with pytest.raises(CheckpointLoadError,
                        match=r"from 'nan_pretrained.pth' holds NaN .*layers\.1\.attn\.qkv\.bias"):
         build_model(cfg).init_weights()  # mmengine's Pretrained init
     model = build_model(load_config(CONFIG))
     moppa_key = in_demo['moppa_key'][len('backbone.'):]
-    with pytest.raises(NonFiniteCheckpointError, match=rf'{moppa_key} \(1 of '):
+    with pytest.raises(CheckpointLoadError, match=rf'{moppa_key} \(1 of '):
         load_checkpoint(model, 'nan_adapter.pth')  # what the Runner calls
 
 
@@ -139,9 +139,9 @@ def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in
     problem = (r"MoPPAVisionTransformer: the checkpoint: its adapter record \(key "
                r"'backbone._extra_state'\) has format 'moppa_mm.adapter/0'; this version "
                r"of moppa_mm reads 'moppa_mm.adapter/1'")
-    with pytest.raises(AdapterRecordError, match=rf'{problem}.*strict_adapter_record=False'):
+    with pytest.raises(AdapterRecordMismatchError, match=rf'{problem}.*strict_adapter_record=False'):
         run_tool('test', [CONFIG, 'other_format.pth', '--work-dir', 'refused'])
-    with pytest.raises(AdapterRecordError, match=problem):
+    with pytest.raises(AdapterRecordMismatchError, match=problem):
         load_checkpoint(build_model(load_config(CONFIG)), 'other_format.pth')
     run_tool('test', [CONFIG, 'other_format.pth', '--work-dir', 'tested', '--cfg-options',
                       'model.backbone.strict_adapter_record=False'])
@@ -154,7 +154,7 @@ def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in
 
 def test_publish_refuses_nan_checkpoint(in_demo):
     publish_model = load_tool('tools/model_converters/publish_model.py')
-    with pytest.raises(NonFiniteCheckpointError, match="publish 'nan_adapter.pth'"):
+    with pytest.raises(CheckpointLoadError, match="publish 'nan_adapter.pth'"):
         publish_model.publish('nan_adapter.pth', 'published.pth')
     assert not osp.exists('published.pth') and not osp.exists('published.tmp.pth')
 
@@ -202,7 +202,7 @@ def test_visualize_tool_refuses_nan_checkpoint(in_demo, monkeypatch):
     visualize = load_tool('tools/analysis/visualize_moppa.py')
     monkeypatch.setattr('sys.argv', ['visualize_moppa.py', CONFIG, 'nan_adapter.pth',
                                      '--out-dir', 'maps'])
-    with pytest.raises(NonFiniteCheckpointError, match="'nan_adapter.pth' holds NaN"):
+    with pytest.raises(CheckpointLoadError, match="'nan_adapter.pth' holds NaN"):
         visualize.main()
 
 
@@ -223,8 +223,8 @@ def test_detector_refuses_nan_official_swin_release(shapes_data, tmp_path):
     torch.save(release, nan_release)
     cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work')
     cfg.model.backbone.init_cfg.checkpoint = nan_release
-    with pytest.raises(NonFiniteCheckpointError, match=rf"'{nan_release}' .*model\.{key} \(1 of"):
+    with pytest.raises(CheckpointLoadError, match=rf"'{nan_release}' .*model\.{key} \(1 of"):
         check_config(cfg, mode='train')
     init_default_scope('mmdet')
-    with pytest.raises(NonFiniteCheckpointError, match=rf"from '{nan_release}' holds NaN"):
+    with pytest.raises(CheckpointLoadError, match=rf"from '{nan_release}' holds NaN"):
         MODELS.build(cfg.model)

@@ -11,7 +11,7 @@ import torch
 from mmengine.runner import Runner, load_checkpoint
 from preflight import check_config  # tools/
 
-from moppa_mm.models import full_state, read_adapter_record
+from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
@@ -153,8 +153,7 @@ def test_adapter_only_checkpoint_takes_the_base_built_from_the_config(trained):
     load_checkpoint(model, trained['ckpt'])
     reference = build_detector(copy.deepcopy(trained['cfg']))
     reference.init_weights()
-    with full_state(model), full_state(reference):
-        restored, expected = model.backbone.state_dict(), reference.backbone.state_dict()
+    restored, expected = model.backbone.state_dict(), reference.backbone.state_dict()
     for key in ('patch_embed.projection.weight', 'stages.1.blocks.0.attn.w_msa.qkv.weight'):
         torch.testing.assert_close(restored[key], expected[key])
     cfg = copy.deepcopy(trained['cfg'])

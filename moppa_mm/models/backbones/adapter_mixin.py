@@ -1,37 +1,51 @@
-"""What the MoPPA backbones share. Each job has its own piece:
+"""What the MoPPA backbones share: :class:`AdapterMixin`, the build and
+checkpoint contract (the units' options are :class:`MoPPAConfig`, the route
+regularisation :class:`.route_loss.RouteLossMixin`).
 
-* :class:`MoPPAConfig` (``moppa_mm.models.moppa_config``): the units' options;
-* :class:`.adapter_state.AdapterStateMixin`: what the state dict holds and
-  accepts (adapter-only saving, the adapter record, checks on load);
-* :class:`.route_loss.RouteLossMixin`: the route regularisation;
-* :class:`AdapterMixin` (here): the build contract that ties them together:
-  freezing, loading the pre-trained base the config names when the model is
-  built (or merging, with ``merged=True``), re-initialising the adapters after
-  the base class's ``init_weights``, switching the adapters off, keeping frozen
-  batch norms in eval mode, the checks before a training forward (a frozen
-  base that is still random; the scale floors), and the parameter table.
+* **Build.** Freezing, the pre-trained base the config names loaded in
+  ``__init__`` (as mmpretrain's ``LoRAModel``), or merging with
+  ``merged=True``; the adapters' init; frozen norms kept in eval mode; the
+  checks before a training forward (a frozen base still random, the scale
+  floors); the parameter table.
+* **Save.** The backbone's own ``state_dict()`` is whole (its base classes
+  read it: mmdet's Swin resizes its position-bias tables against it) and holds
+  the adapter record. The model that holds it saves adapter-only where
+  :attr:`AdapterMixin.saves_adapters_only` (:mod:`.model_hooks`);
+  :func:`full_state_dict` and :func:`adapter_state_dict` give either state.
+* **Load** (in order, three files): the model's load pre-hook
+  (:func:`.model_hooks.check_load`; the backbone's own,
+  :meth:`AdapterMixin._check_load_alone`, when it is loaded alone) calls
+  :meth:`AdapterMixin.load_checked`, which runs
+  :func:`.adapter_state.checkpoint_problems`, stops or warns, and then gives
+  the load what it lacks (the model's own base for an adapter-only
+  checkpoint). It opens nothing and changes no module's structure.
 """
+import logging
 import os.path as osp
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
+import torch.nn as nn
 from mmengine.config import ConfigDict
 from mmengine.logging import print_log
+from torch.nn.modules.module import register_module_module_registration_hook
 
+from moppa_mm.operators import MoPPAUnit, moppa_units
 from moppa_mm.operators.tracing import is_capturing
-from moppa_mm.utils.checkpoints import check_archive, load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
-from moppa_mm.operators import moppa_units
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
 from ..moppa_config import MoPPAConfig
-from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
-from .optimizer_check import watch_first_step, waiting_check
-from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
-                            AdapterRecordMismatchError, AdapterStateMixin, _is_url,
-                            PretrainedMismatchError, full_state, is_adapter_key,
+from . import model_hooks
+from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
+                            AdapterRecordMismatchError, PretrainedMismatchError,
+                            _as_recorded, _plain, base_fingerprint, checkpoint_problems,
+                            decode_record, encode_record, frozen_base_keys,
+                            is_adapter_key,
                             read_adapter_record)
+from .optimizer_check import watch_first_step, waiting_check
 from .route_loss import RouteLossMixin
 
 
@@ -53,25 +67,44 @@ class NoPretrainedBaseError(MoPPAInputError, RuntimeError):
     still the random one it was built with."""
 
 
-class AdapterMixin(AdapterStateMixin, RouteLossMixin):
+class AdapterMixin(RouteLossMixin):
     """Mixed into a backbone subclass (before the base class).
 
     A subclass calls :meth:`_pop_adapter_args` before the base ``__init__``,
-    adds its adapters after it, then :meth:`_finish_build`. It sets
-    ``ADAPTER_TYPES`` (modules with ``enabled`` and ``reset_parameters``) and
-    ``PRETRAINED_LABEL``, the name of the frozen rest in the parameter table.
+    adds its adapters after it, then :meth:`_finish_build` and
+    :meth:`_build_base`. It provides :meth:`arch_record` and
+    :meth:`adapter_options`, and sets ``ADAPTER_TYPES`` (modules with
+    ``enabled`` and ``reset_parameters``), ``PRETRAINED_LABEL`` (the frozen
+    rest in the parameter table), ``PRETRAINED_MAY_LACK`` (base parameters
+    that releases lack), ``RESIZES_FREQUENCY_MAPS`` (the units' grid follows
+    the image size), ``RECORD_MAY_DIFFER`` (record keys that may differ, e.g.
+    the image grid) and ``FINGERPRINT_SKIPS`` (base keys resized on load, left
+    out of the fingerprint), and ``params_not_in_base`` (patterns, before the
+    backbone freezes) for base-class parameters that no pre-trained base has
+    (mmpretrain ViT's ``ln2`` under ``out_type='avg_featmap'``): they train
+    with the adapters, a base may lack them, and they are saved with the
+    adapters.
 
     Args of the backbones:
-        random_base (bool): The frozen base is random on purpose (benchmarks
-            that time training steps, tests of the adapters' mechanics). With
-            ``freeze_pretrained=True`` and no pre-trained base in the model
-            (none loaded from ``init_cfg`` when built, nor by a checkpoint
-            since), the first training forward stops otherwise
-            (:class:`NoPretrainedBaseError`). Defaults to False.
+        strict_adapter_record (bool): Stop when a checkpoint's record
+            disagrees with the model, cannot be read or is absent, or the
+            model around the backbone differs (True, default). False only
+            warns: for a checkpoint you have checked by other means, or a new
+            task from trained adapters.
+        random_base (bool): The frozen base is random on purpose (benchmarks,
+            tests of the adapters' mechanics). Otherwise the first training
+            forward with ``freeze_pretrained=True`` and no pre-trained base
+            stops (:class:`NoPretrainedBaseError`). Defaults to False.
     """
 
     ADAPTER_TYPES: Tuple[type, ...] = ()
     PRETRAINED_LABEL: str = 'pre-trained backbone'
+    PRETRAINED_MAY_LACK: Tuple[str, ...] = ()
+    RESIZES_FREQUENCY_MAPS: bool = False
+    RECORD_MAY_DIFFER: Tuple[str, ...] = ()
+    FINGERPRINT_SKIPS: Tuple[str, ...] = ()
+    params_not_in_base: Tuple[str, ...] = ()
+    merged: bool = False  # adapters folded in for inference (merge_adapters)
 
     @staticmethod
     def _pop_adapter_args(moppa_cfg: Optional[Any], kwargs: dict) -> MoPPAConfig:
@@ -84,17 +117,24 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,
                       random_base: bool = False) -> None:
-        """Call after the adapters are added (then :meth:`_build_base`)."""
+        """Call after the adapters are added (then :meth:`_build_base`): after
+        the base classes' own load pre-hooks too (mmpretrain's ViT resizes
+        ``pos_embed`` in one), so that a backbone loaded alone is checked as
+        it will be loaded."""
         self.freeze_pretrained = freeze_pretrained
         self.random_base = random_base
+        self.strict_adapter_record = strict_adapter_record
+        # the pre-trained base in the model: {'checkpoint', 'prefix',
+        # 'fingerprint'}; None while the base is as built (random)
+        self._base: Optional[Dict[str, Optional[str]]] = None
         if freeze_pretrained:
-            set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.fresh_params))
+            set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.params_not_in_base))
             watch_first_step(self)  # the adapters' lr (.optimizer_check)
         # the scale & shift layers, found once (a plain list: deepcopy remaps it)
         self._scale_shifts = [m for m in self.modules() if isinstance(m, ScaleShift)]
         self.register_forward_pre_hook(self._check_before_training)
         self._init_route_loss(route_loss_weight, route_schedule)
-        self._init_adapter_state(strict_adapter_record)
+        self._register_load_state_dict_pre_hook(self._check_load_alone)
 
     def _build_base(self, merged: bool) -> None:
         """The last step of ``__init__``. The pre-trained base that ``init_cfg``
@@ -102,8 +142,7 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         does), so that every later load (``runner.test()``, ``init_detector``,
         ``get_model``) finds it there; a file that is missing is a warning.
         With ``merged=True`` the adapters are folded in instead
-        (:meth:`merge_adapters`): the model then takes a merged checkpoint,
-        which holds the whole backbone."""
+        (:meth:`merge_adapters`): the model then takes a merged checkpoint."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -117,38 +156,74 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         checkpoint, _ = self.configured_base()
         if checkpoint is None:
             return
-        if not _is_url(checkpoint) and not osp.isfile(checkpoint):
+        if '://' not in checkpoint and not osp.isfile(checkpoint):
             print_log(f'{type(self).__name__}: the pre-trained base '
                       f'model.backbone.init_cfg.checkpoint = {checkpoint!r} does not '
                       'exist: the frozen backbone stays random, an adapter-only '
                       'checkpoint will not load into this model, and training stops '
                       'unless a checkpoint with the base is loaded first',
-                      logger='current', level=30)
+                      logger='current', level=logging.WARNING)
             return
         self.init_weights()
-        # mmengine's init_weights() of the model around it skips a child already
-        # initialised, after applying its own init_cfg to every submodule (e.g.
-        # mmpretrain's TruncNormal on every Linear): let it call ours, which
-        # checks that the base is still the one loaded here
+        # mmengine's init_weights() of the model around it applies its init_cfg
+        # (e.g. mmpretrain's TruncNormal on every Linear) to every submodule,
+        # then calls a child's own only while it is not initialised: ours puts
+        # the base back
         self._is_init = False
 
+    # ------------------------------------------------------------ the base
     @property
-    def moppa_cfg(self) -> Dict[str, Any]:
-        """The units' options as a dict (``moppa_config`` holds them)."""
-        return self.moppa_config.to_dict()
+    def pretrained_base(self) -> Optional[Dict[str, Optional[str]]]:
+        """The pre-trained base in the model (``checkpoint``, ``prefix``,
+        ``fingerprint``), None while it is as built (random)."""
+        return dict(self._base) if self._base else None
 
-    def _check_before_training(self, module, args) -> None:
-        """Before a forward that will need gradients: a frozen base must be a
-        pre-trained one (:meth:`check_base_for_training`, in training mode),
-        and the fused scale & shift layers' scale floors hold, all checked at
-        once (one device read-back per optimizer step instead of one per
-        layer)."""
-        if not torch.is_grad_enabled() or is_capturing():
-            return
-        if self.training:
-            self.check_base_for_training()
-        if self._scale_shifts:
-            check_scale_floors(self._scale_shifts)
+    def configured_base(self) -> Tuple[Optional[str], Optional[str]]:
+        """``(checkpoint, prefix)`` of the ``Pretrained`` ``init_cfg``;
+        ``(None, None)`` when the config names no pre-trained base."""
+        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
+        if init_cfg.get('type') != 'Pretrained' or not init_cfg.get('checkpoint'):
+            return None, None
+        return init_cfg['checkpoint'], init_cfg.get('prefix')
+
+    def init_weights(self) -> None:
+        """The pre-trained base ``init_cfg`` names (again: the model around
+        the backbone may have initialised it over), or the base classes' init
+        without one; then the adapters' init. A local base file gone since the
+        base came from it leaves the base as it is. Errors while reading the
+        file name it; an unconverted release (no keys under
+        ``init_cfg.prefix``) is named with its converter command. Logs the
+        parameter table when the base comes."""
+        self._refuse_if_merged('cannot be initialised again')
+        checkpoint, prefix = self.configured_base()
+        came = self._base is None
+        if checkpoint is None:
+            super().init_weights()
+            self._base = None
+        elif came or '://' in checkpoint or osp.isfile(checkpoint):
+            self._load_base(checkpoint, prefix)
+        for module in self._adapters():
+            module.reset_parameters()
+        if came:
+            print_log('\n' + self.parameter_report(), logger='current')
+        self._is_init = True
+
+    def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
+        """The base classes' ``Pretrained`` init (their loaders, their
+        conversions), checked like every load (:meth:`_check_load_alone`)."""
+        what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
+        self._is_init = False  # mmengine's Pretrained init runs once otherwise
+        self._base = None
+        try:
+            with naming_checkpoint(checkpoint, what):
+                super().init_weights()
+        except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
+            if 'is not in the pretrained model' in str(error) and prefix \
+                    and osp.isfile(checkpoint):
+                check_converted(checkpoint, load_checkpoint_file(checkpoint, what), prefix)
+            raise
+        if self._base is not None:  # the load names no file: this is where it came from
+            self._base.update(checkpoint=_as_recorded(checkpoint), prefix=prefix)
 
     def check_base_for_training(self) -> None:
         """Raise :class:`NoPretrainedBaseError` when the adapters would train
@@ -178,6 +253,120 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             'model.backbone.freeze_pretrained=False. (A random frozen base on '
             'purpose, as in benchmarks: model.backbone.random_base=True.)')
 
+    # -------------------------------------------------------------- record
+    def arch_record(self) -> Dict[str, Any]:
+        """The base architecture (dims, depths, heads, patch, window...)."""
+        raise NotImplementedError
+
+    def adapter_options(self) -> Dict[str, Any]:
+        """The adapters' switches and shapes (``use_*``, heads, scope, grid...)."""
+        raise NotImplementedError
+
+    def adapter_record(self) -> Dict[str, Any]:
+        """How this backbone's adapters were built, and on which base: what
+        every checkpoint records and what loading compares."""
+        record = dict(
+            format=RECORD_FORMAT, backbone=type(self).__name__,
+            arch=_plain(self.arch_record()), adapters=_plain(self.adapter_options()),
+            moppa_cfg=self.moppa_config.to_dict() if any(
+                isinstance(m, MoPPAUnit) for m in self.modules()) else None,
+            base=dict(self._base) if self._base else None)
+        if self.merged:  # the weights hold the adapters: a whole, other model
+            record['merged'] = True
+        return record
+
+    def get_extra_state(self) -> torch.Tensor:
+        return encode_record(self.adapter_record())
+
+    def set_extra_state(self, state: Any) -> None:
+        """The record was checked before any tensor was copied
+        (:meth:`load_checked`); nothing to restore from it."""
+
+    @property
+    def saves_adapters_only(self) -> bool:
+        """Whether the model that holds the backbone saves it adapter-only:
+        with a frozen base named by the config (``freeze_pretrained=True`` and
+        ``init_cfg`` a ``Pretrained`` checkpoint), unmerged. What is left out:
+        :func:`~.adapter_state.frozen_base_keys`."""
+        return self.freeze_pretrained and not self.merged and \
+            self.configured_base()[0] is not None
+
+    # ------------------------------------------------------------- loading
+    def _check_load_alone(self, state_dict, prefix: str, *args) -> None:
+        """Load pre-hook of the backbone: a load that starts here (the
+        backbone loaded alone, as its base is when built: ``prefix`` is empty)
+        is checked here; one that comes through the model holding it was
+        checked there (:func:`.model_hooks.check_load`)."""
+        if not prefix:
+            self.load_checked(state_dict, '', '')
+
+    def load_checked(self, state_dict: Dict[str, Any], prefix: str, inside: str,
+                     around: Optional[Mapping[str, torch.Tensor]] = None) -> None:
+        """Check what comes in (:func:`~.adapter_state.checkpoint_problems`):
+        stop, or warn under ``strict_adapter_record=False`` where that is
+        allowed; then give the load what the checkpoint lacks of the backbone
+        (its base stays for an adapter-only checkpoint, its adapters for a
+        pre-trained base) and note the base that came (fingerprint).
+
+        Args:
+            state_dict: What the load got; keys under ``prefix`` are the model's.
+            prefix: The model's prefix in ``state_dict``.
+            inside: The backbone's prefix within the model (``''`` alone).
+            around: The model's other tensors, None for the backbone alone.
+        """
+        state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        for problem in checkpoint_problems(state, self, inside, around,
+                                           f'{type(self).__name__}: the checkpoint'):
+            if not isinstance(problem, AdapterRecordMismatchError):
+                raise problem
+            if self.strict_adapter_record:
+                raise type(problem)(f'{problem} To load it anyway, set '
+                                    'model.backbone.strict_adapter_record=False.') from None
+            print_log(f'{problem} (strict_adapter_record=False: loading anyway)',
+                      logger='current', level=logging.WARNING)
+        incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
+        record = decode_record(incoming.pop(RECORD_KEY, None))
+        own = self.state_dict()
+        own.pop(RECORD_KEY)
+        base = frozen_base_keys(incoming, '', self.params_not_in_base)
+        if self.merged:
+            self._base = dict(record['base']) if record and record.get('base') else None
+        elif not any(is_adapter_key(k) for k in incoming):  # a pre-trained base
+            self._base = dict(checkpoint=None, prefix=None,
+                              fingerprint=base_fingerprint(self, incoming))
+        elif base:  # a self-contained checkpoint: its base is the model's now
+            recorded = (record or {}).get('base') or {}
+            self._base = dict(checkpoint=recorded.get('checkpoint'),
+                              prefix=recorded.get('prefix'),
+                              fingerprint=base_fingerprint(self, incoming))
+        for key, value in own.items():  # the rest keeps what the model has: no
+            state_dict.setdefault(prefix + inside + key, value)  # missing-key noise
+        for key, value in (around or {}).items():  # heads of another shape start anew
+            given = state_dict.get(prefix + key)
+            if isinstance(given, torch.Tensor) and given.shape != value.shape:
+                del state_dict[prefix + key]
+        # a strict load of a file without a record must not miss it
+        state_dict[prefix + inside + RECORD_KEY] = self.get_extra_state()
+
+    # ------------------------------------------------------------ training
+    def _check_before_training(self, module, args) -> None:
+        """Before a forward that will need gradients: a frozen base must be a
+        pre-trained one (:meth:`check_base_for_training`, in training mode),
+        and the fused scale & shift layers' scale floors hold, all checked at
+        once (one device read-back per optimizer step instead of one per
+        layer)."""
+        if not torch.is_grad_enabled() or is_capturing():
+            return
+        if self.training:
+            self.check_base_for_training()
+        if self._scale_shifts:
+            check_scale_floors(self._scale_shifts)
+
+    @property
+    def moppa_cfg(self) -> Dict[str, Any]:
+        """The units' options as a dict (``moppa_config`` holds them)."""
+        return self.moppa_config.to_dict()
+
     def _adapters(self):
         return [m for m in self.modules() if isinstance(m, self.ADAPTER_TYPES)]
 
@@ -202,79 +391,6 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                 norm.eval()
         return self
 
-    def init_weights(self) -> None:
-        """The base classes' ``init_weights`` (the ``Pretrained`` checkpoint of
-        ``init_cfg``; without one they re-initialise every Linear), then the
-        adapters' init. Once a pre-trained base is in the model (loaded when it
-        was built, or by a checkpoint) the base is left as it is: only the
-        adapters start anew. Errors while reading the pre-trained checkpoint
-        name the file; an unconverted release (no keys under
-        ``init_cfg.prefix``) is named with its converter command. Logs the
-        parameter table with the base."""
-        self._refuse_if_merged('cannot be initialised again')
-        base_in_model = self._base is not None and not self._base_overwritten()
-        if not base_in_model:
-            # the base classes' own init reads self.state_dict() whole (mmdet's
-            # Swin resizes its position-bias tables against it)
-            full, self._full_state = self._full_state, True
-            try:
-                self._init_base_weights()
-            finally:
-                self._full_state = full
-            if self._base is not None:  # the base as it sits in the model: a file
-                # may hold keys the model has not (MAE's final norm under
-                # final_norm=False), which the recorded fingerprint counts
-                self._base_as_loaded = (self._base,
-                                        self._base_fingerprint(self._own_full_state()))
-        for module in self._adapters():
-            module.reset_parameters()
-        if not base_in_model:  # logged once: when the base came
-            print_log('\n' + self.parameter_report(), logger='current')
-        self._is_init = True
-
-    def _base_overwritten(self) -> bool:
-        """Whether the base loaded from the config's file has changed since:
-        mmengine applies the init_cfg of the model around the backbone (e.g.
-        a classifier's ``TruncNormal`` on every ``Linear``) to every submodule
-        before it calls the backbone's ``init_weights()``. Logs it; the base is
-        then loaded again from the same file."""
-        recorded = self._base.get('fingerprint') if self._base else None
-        if not recorded or not self._base.get('checkpoint'):
-            return False
-        loaded_base, as_loaded = self.__dict__.get('_base_as_loaded', (None, None))
-        if loaded_base is self._base:  # the base init_weights loaded, as it was then
-            recorded = as_loaded
-        if self._base_fingerprint(self._own_full_state()) == recorded:
-            return False
-        print_log(f'{type(self).__name__}: the pre-trained base was re-initialised '
-                  'after it was loaded (by the init_cfg of the model around the '
-                  f'backbone); loading {self._base["checkpoint"]!r} again',
-                  logger='current')
-        self._base = None
-        return True
-
-    def _init_base_weights(self) -> None:
-        checkpoint, prefix = self.configured_base()
-        if checkpoint is None:
-            super().init_weights()
-        else:
-            self._checkpoint_source, self._checkpoint_prefix = checkpoint, prefix
-            what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
-            self._is_init = False  # mmengine's Pretrained init runs once otherwise
-            try:
-                with naming_checkpoint(checkpoint, what):
-                    if osp.isfile(checkpoint):  # mmengine's loader ignores the CRCs
-                        check_archive(checkpoint, what)
-                    super().init_weights()
-            except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
-                if 'is not in the pretrained model' in str(error) and prefix \
-                        and osp.isfile(checkpoint):
-                    check_converted(checkpoint, load_checkpoint_file(checkpoint, what),
-                                    prefix)
-                raise
-            finally:
-                self._checkpoint_source = self._checkpoint_prefix = None
-
     # ----------------------------------------------------------------- merging
     def merge_adapters(self) -> 'AdapterMixin':
         """Fold the adapters into the backbone for inference, in place; returns
@@ -290,8 +406,8 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
           no weights to fold into.
 
         One-way: the merged backbone cannot train, switch its adapters off or
-        load an unmerged checkpoint. Its ``state_dict()`` is the whole model,
-        recorded as merged; it loads into a model built merged (the backbone
+        load an unmerged checkpoint. Its checkpoints hold the whole model,
+        recorded as merged; they load into a model built merged (the backbone
         option ``merged=True``, e.g. ``--cfg-options model.backbone.merged=True``
         for ``tools/test.py``, or ``cfg_options`` of ``init_detector``).
         """
@@ -326,24 +442,25 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
 
     def extra_repr(self) -> str:
         """The base class's, the hooks the model holding this backbone runs
-        for it (:mod:`.parent_hooks`) and the optimizer step check that waits
+        for it (:mod:`.model_hooks`) and the optimizer step check that waits
         for its first step (:mod:`.optimizer_check`)."""
-        text = super().extra_repr()
-        for name, value in (('parent_hooks', self.__dict__.get('_parent_hooks')),
-                            ('optimizer_check', waiting_check(self))):
-            if value:
-                text += ('\n' if text else '') + f'{name}=({value})'
-        return text
+        held = self.__dict__.get('_held_as')
+        lines = [super().extra_repr()] + [f'{name}=({value})' for name, value in (
+            ('model_hooks', held and f'{held[0]}.{held[1]}: loss_route into the loss dict; '
+             'adapter-only save, record and digest; the load check'),
+            ('optimizer_check', waiting_check(self))) if value]
+        return '\n'.join(line for line in lines if line)
 
+    # --------------------------------------------------------- parameters
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
-        fresh = ((('fresh', tuple(self.fresh_params), 'new, no base has them'), )
-                 if self.fresh_params else ())
+        not_in_base = ((('not_in_base', tuple(self.params_not_in_base),
+                         'new, no base has them'), ) if self.params_not_in_base else ())
         if self._base is not None:
             base = self.PRETRAINED_LABEL
         else:  # as built: not pre-trained, whatever the class calls its base
             base = self.PRETRAINED_LABEL.replace('pre-trained ', '') + ', random'
             base += ' (on purpose)' if self.random_base else ' (no base loaded)'
-        return ADAPTER_GROUPS + fresh + (('pretrained', ('*', ), base), )
+        return ADAPTER_GROUPS + not_in_base + (('pretrained', ('*', ), base), )
 
     def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
         """``{kind: {'total': n, 'trainable': n}}`` for each adapter kind of
@@ -357,7 +474,48 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         return table
 
 
+def _hook_the_model(model: nn.Module, name: str, child: Optional[nn.Module]) -> None:
+    """torch's module-registration hook (every ``model.<name> = child``): a
+    MoPPA backbone hooks the model that holds it (:mod:`.model_hooks`);
+    another module in its place unhooks it."""
+    model_hooks.attach(model, name, child if isinstance(child, AdapterMixin) else None)
+
+
+register_module_module_registration_hook(_hook_the_model)
+
+
+def _moppa_backbones(model: nn.Module):
+    for name, module in model.named_modules():
+        if isinstance(module, AdapterMixin):
+            yield (f'{name}.' if name else ''), module
+
+
+def full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Every tensor of ``model``, the frozen base of its MoPPA backbones too
+    (``model.state_dict()`` leaves it out where they save adapter-only): a
+    self-contained checkpoint, for publishing or merging::
+
+        torch.save({'state_dict': full_state_dict(model)}, 'full.pth')
+    """
+    state = model.state_dict()
+    for inside, backbone in _moppa_backbones(model):
+        for key, value in backbone.state_dict().items():
+            state.setdefault(inside + key, value)
+    return state
+
+
+def adapter_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """``model``'s state dict without the frozen base of its MoPPA backbones
+    (:func:`~.adapter_state.frozen_base_keys`), whatever their config:
+    the adapters, the model's heads and neck, the records."""
+    state = model.state_dict()
+    for inside, backbone in _moppa_backbones(model):
+        for key in frozen_base_keys(state, inside, backbone.params_not_in_base):
+            del state[key]
+    return state
+
+
 __all__ = ['AdapterMixin', 'AdapterRecordMismatchError', 'PretrainedMismatchError',
-           'NoPretrainedBaseError',
-           'full_state', 'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
+           'NoPretrainedBaseError', 'full_state_dict', 'adapter_state_dict',
+           'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
            'adapter_components', 'ADAPTER_GROUPS', 'ADAPTER_PATTERNS']

@@ -127,7 +127,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
 
     With ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm
     of the pooled patch tokens, ``ln2``, which no pre-trained base has: it
-    trains with the adapters (``fresh_params``; the parameter table and the
+    trains with the adapters (``params_not_in_base``; the parameter table and the
     adapter record name it), and a base without it loads.
     """
 
@@ -168,7 +168,7 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         if use_scale_shift:
             scale_shift_projection(self.patch_embed, self.embed_dims)
         # the pooled tokens' norm (MAE's fc_norm) is new in fine-tuning: it trains
-        self.fresh_params = ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
+        self.params_not_in_base = ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)
@@ -191,8 +191,8 @@ class MoPPAVisionTransformer(AdapterMixin, VisionTransformer):
         options = dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
                        moppa_heads=[unit.num_heads for unit in units],
                        grid=list(units[0].grid_size) if units else None)
-        if self.fresh_params:  # recorded only where there are any (earlier records)
-            options['fresh_params'] = list(self.fresh_params)
+        if self.params_not_in_base:  # recorded only where there are any (earlier records)
+            options['fresh_params'] = list(self.params_not_in_base)
         return options
 
     def forward(self, x: torch.Tensor) -> tuple:

@@ -3,9 +3,8 @@
 ``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, with ``L_reg = sum_i
 a_i log a_i`` averaged over the backbone's MoPPA units, reaches the loss dict
 of whatever model holds a MoPPA backbone (an mmdet detector, an mmpretrain
-classifier): when the backbone is assigned to its parent (``detector.backbone
-= ...``), the parent gets a forward hook that adds ``loss_route`` to the loss dict of
-every training forward (``mode='loss'``; :mod:`.parent_hooks`).
+classifier): the model gets a forward hook that adds ``loss_route`` to the loss
+dict of every training forward (``mode='loss'``; :mod:`.model_hooks`).
 mmengine sums every ``loss*`` key, and logs it. No runner hook is involved.
 
 ``T`` and ``T_total`` come from the message hub, where mmengine's default
@@ -20,7 +19,6 @@ loss, weighted by the progress set with
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 from mmengine.logging import MessageHub
 
 from moppa_mm.operators import moppa_units, route_loss_weight, route_regularization
@@ -87,20 +85,3 @@ class RouteLossMixin:
             return None
         self._refuse_if_merged('cannot train')
         return self.current_route_weight() * route_regularization(self)
-
-    def _add_route_loss(self, name: str, parent: nn.Module, args, kwargs, output):
-        """Forward hook of the parent model (``parent.<name>`` is this
-        backbone): ``loss_route`` into its loss dict."""
-        if parent._modules.get(name) is not self:  # replaced since
-            return output
-        mode = kwargs.get('mode', args[2] if len(args) > 2 else None)
-        if mode != 'loss' or not parent.training or not isinstance(output, dict):
-            return output
-        loss = self.route_loss()
-        if loss is None:
-            return output
-        output['loss_route'] = loss
-        if MessageHub._instance_dict:
-            MessageHub.get_current_instance().update_scalar(
-                'train/route_weight', self.current_route_weight())
-        return output
