@@ -29,7 +29,7 @@ def base_keys(state, prefix='backbone.'):
             and not is_adapter_key(k[len(prefix):])]
 
 
-def test_what_the_model_saves_follows_its_config(trained_classifier):
+def test_what_the_model_saves_follows_its_config(trained_classifier):  # noqa: F811
     """Adapter-only where the backbone's config names its frozen base, whole
     otherwise; the backbone's own state and full_state_dict are whole;
     adapter_state_dict leaves the base out whatever the config."""
@@ -67,7 +67,7 @@ def damaged(path, tmp_path, key, name='damaged.pth'):
 
 @pytest.mark.parametrize('key', ['head.layers.head.weight',
                                  'backbone.layers.1.moppa.source_channel'])
-def test_damaged_trained_tensors_stop_every_loader(trained_classifier, tmp_path, key):
+def test_damaged_trained_tensors_stop_every_loader(trained_classifier, tmp_path, key):  # noqa: F811
     """torch.load reads changed bytes silently (before the digest such a head
     tested at top-1 41.7 instead of 33.3, exit 0): the record's digest stops
     mmengine's loader, torch's load_state_dict and the adapter bank."""
@@ -86,7 +86,7 @@ def test_damaged_trained_tensors_stop_every_loader(trained_classifier, tmp_path,
                     map_location='cpu')  # the undamaged file loads
 
 
-def test_a_checkpoint_from_before_the_digest_loads(trained_classifier, tmp_path):
+def test_a_checkpoint_from_before_the_digest_loads(trained_classifier, tmp_path):  # noqa: F811
     """Records before the digest (no 'digest', 'model' or 'heads' field) are of
     the same format: they load, strictly, to the trained outputs."""
     checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
@@ -101,7 +101,7 @@ def test_a_checkpoint_from_before_the_digest_loads(trained_classifier, tmp_path)
                                trained_classifier['model'].eval()(IMAGE, mode='tensor'))
 
 
-def test_a_record_of_another_backbone_type_says_so(trained_classifier, detector):
+def test_a_record_of_another_backbone_type_says_so(trained_classifier, detector):  # noqa: F811
     """Not the record's options: the backbone itself is another (no override
     helps, and none is offered)."""
     for strict in (True, False):
@@ -115,7 +115,7 @@ def test_a_record_of_another_backbone_type_says_so(trained_classifier, detector)
         assert 'strict_adapter_record' not in message
 
 
-def mask_rcnn_cfg(detector, tmp_path):
+def mask_rcnn_cfg(detector, tmp_path):  # noqa: F811
     """The demo's backbone, neck and RPN with mmdet's Mask R-CNN RoI head (one
     stage) in place of the Cascade's three."""
     (tmp_path / 'mask_rcnn.py').write_text(
@@ -131,7 +131,7 @@ def mask_rcnn_cfg(detector, tmp_path):
     return cfg
 
 
-def test_another_models_checkpoint_stops_naming_both(detector, tmp_path):
+def test_another_models_checkpoint_stops_naming_both(detector, tmp_path):  # noqa: F811
     """A Mask R-CNN's adapter checkpoint into the Cascade Mask R-CNN of the same
     backbone and base, and the reverse: once loaded with only mmengine's
     missing / unexpected key notice (AP 0.002); now it stops, naming the keys

@@ -11,7 +11,7 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from moppa_mm.models.converters import convert
-from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError, CheckpointLoadError,
+from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError,
                                         checkpoint_to_resume, from_plain, load_checkpoint_file,
                                         to_plain)
 from tests.conftest import PYTHON, REPO, child_env
