@@ -1,28 +1,22 @@
 """What a MoPPA model's checkpoint holds, and the one check every load runs.
 
-* **The record.** A MoPPA backbone's state dict holds its *adapter record*
-  (key ``<backbone>._extra_state``, a uint8 tensor of UTF-8 JSON, so that every
-  state-dict value stays a tensor; :func:`read_adapter_record` decodes it): how
-  the adapters were built and on which pre-trained base, with a fingerprint of
-  its weights. The model that holds the backbone adds its class, the shapes of
-  its other tensors (``heads``) and a ``digest`` of every tensor it saves but
-  the frozen base (:mod:`.model_hooks`).
-* **What an adapter-only checkpoint holds**: everything but
-  :func:`frozen_base_keys`, the one definition, which the save and the digest
-  share.
-* **What a load is checked against**: :func:`checkpoint_problems`, a pure
-  function of the incoming state dict, the backbone and the model's other
-  tensors. The load (the model's load pre-hook, or the backbone's own when it
-  is loaded alone), :class:`~moppa_mm.apis.AdapterBank` and ``publish_model.py``
-  call it; it opens nothing, and names the recorded base file only as
-  information.
+* **The record** (key ``<backbone>._extra_state``: UTF-8 JSON in a uint8
+  tensor, so that every state-dict value stays a tensor;
+  :func:`read_adapter_record`): how the adapters were built and on which
+  pre-trained base (its fingerprint); the model that holds the backbone adds
+  its class, its other tensors' shapes (``heads``) and a ``digest`` of all it
+  saves but the frozen base (:mod:`.model_hooks`).
+* **What an adapter-only checkpoint leaves out**: :func:`frozen_base_keys`,
+  which the save and the digest share.
+* **What a load is checked against**: :func:`checkpoint_problems`, pure, run
+  by every load of the model, by :class:`~moppa_mm.apis.AdapterBank` and (its
+  model-free part, :func:`stored_problems`) by ``publish_model.py``. It opens
+  nothing: the recorded base path is only named.
 
-The record's format is ``moppa_mm.adapter/1``. Fields are only added, as
-optional ones (``merged``, ``heads``; ``model`` and ``digest`` since 0.2): a
-record without ``digest`` (saved before it existed) loads without the damage
-check. A change of what a field means would change the number. Earlier
-versions of moppa_mm report the newer fields as differences and refuse the
-file.
+Format ``moppa_mm.adapter/1``: fields are only added, as optional ones
+(``merged``, ``heads``; ``model`` and ``digest`` since 0.2), so a record
+without a digest loads, unchecked for damage; a change of a field's meaning
+would change the number. Earlier versions refuse records with newer fields.
 """
 import hashlib
 import json
@@ -283,11 +277,9 @@ def trained_digest(state: Mapping[str, Any], inside: str,
 
 # ------------------------------------------------------- the one check
 def _as_recorded(source: Optional[str]) -> Optional[str]:
-    """How a record names a base file (information for messages, never
-    opened by a load): a URL as it is, a local file by its absolute path."""
-    if not source:
-        return None
-    return source if '://' in source else osp.abspath(source)
+    """How a record names a base file: a URL as it is, a local file by its
+    absolute path (information for messages, never opened by a load)."""
+    return None if not source else source if '://' in source else osp.abspath(source)
 
 
 def base_fingerprint(backbone: nn.Module, incoming: Mapping[str, torch.Tensor]) -> str:
@@ -301,11 +293,10 @@ def base_fingerprint(backbone: nn.Module, incoming: Mapping[str, torch.Tensor]) 
 def _prefix_hint(incoming: Sequence[str], lacking: Sequence[str]) -> str:
     """Where the keys given hold the missing ones behind one prefix (a
     whole-model file given as the base), the ``init_cfg`` line that takes them."""
-    wanted, prefixes = set(lacking), {}
+    prefixes: Dict[str, int] = {}
     for key in incoming:
-        for name in (key.split('.', 1)[-1], key.split('.', 2)[-1]):
-            if name in wanted and key != name:
-                prefixes[key[:-len(name)]] = prefixes.get(key[:-len(name)], 0) + 1
+        for name in {key.split('.', 1)[-1], key.split('.', 2)[-1]} & set(lacking) - {key}:
+            prefixes[key[:-len(name)]] = prefixes.get(key[:-len(name)], 0) + 1
     if not prefixes:
         return ''
     prefix = max(prefixes, key=prefixes.get)
@@ -313,42 +304,23 @@ def _prefix_hint(incoming: Sequence[str], lacking: Sequence[str]) -> str:
             f"{prefix!r}: set model.backbone.init_cfg.prefix='{prefix}'")
 
 
-def _shape_problems(incoming: Mapping[str, Any], own: Mapping[str, torch.Tensor],
-                    resized_on_load: Sequence[str] = ()) -> List[str]:
+def _misfits(incoming: Mapping[str, Any], own: Mapping[str, torch.Tensor],
+             resized_on_load: Sequence[str] = ()) -> List[str]:
     """``key: shape in the checkpoint, shape in the model`` where they differ;
     keys the model resizes on load (a position embedding, a frequency map on
     another grid) need only agree in their last dimension (channels, heads)."""
     def fits(key, value):
-        if value.shape == own[key].shape:
-            return True
-        return matches(key, resized_on_load) and value.dim() == own[key].dim() and \
-            value.shape[-1] == own[key].shape[-1]
+        return value.shape == own[key].shape or (
+            matches(key, resized_on_load) and value.dim() == own[key].dim()
+            and value.shape[-1] == own[key].shape[-1])
 
     return [f'{k}: {tuple(v.shape)} in the checkpoint, {tuple(own[k].shape)} in the model'
             for k, v in incoming.items()
             if k in own and isinstance(v, torch.Tensor) and not fits(k, v)]
 
 
-def _merged_problems(backbone, record, what) -> List[PretrainedMismatchError]:
-    if backbone.merged and not (record or {}).get('merged'):
-        return [PretrainedMismatchError(
-            f'{what} is not merged, and {type(backbone).__name__} is merged for inference: '
-            'load it into a model built from the config without model.backbone.merged, '
-            'then merge (moppa_mm.merge_adapters)')]
-    if not backbone.merged and (record or {}).get('merged'):
-        return [PretrainedMismatchError(
-            f'{what} is merged (its adapters are folded into the weights: publish_model.py '
-            '--merge), and this model is not. Build the model merged: '
-            'model.backbone.merged=True in the config (in a tool: --cfg-options '
-            'model.backbone.merged=True), or call moppa_mm.merge_adapters(model) before '
-            'the load.')]
-    return []
-
-
 def _option_problems(backbone, record, what) -> List[AdapterRecordMismatchError]:
     differences = record_differences(record, backbone)
-    if not differences:
-        return []
     # the unit options a command line can set back (e.g. a retired default)
     options = [f'model.backbone.{key}={theirs}' for key, theirs, _ in differences
                if key.startswith('moppa_cfg.') and len(key) < 100
@@ -356,79 +328,76 @@ def _option_problems(backbone, record, what) -> List[AdapterRecordMismatchError]
     return [AdapterRecordMismatchError(
         f'{what} was built with other options than this model; {len(differences)} '
         'differ:\n  ' + few([describe_difference(*d) for d in differences], 20, sep='\n  ')
-        + '\nSet the checkpoint\'s values in model.backbone (moppa_cfg.<option> for the '
-        'unit\'s options' + (f'; in a tool: --cfg-options {" ".join(options[:10])}'
-                             if options else '')
-        + '): its parameters mean something else under the model\'s.')]
+        + "\nSet the checkpoint's values in model.backbone (moppa_cfg.<option> for the "
+        "unit's options" + (f'; in a tool: --cfg-options {" ".join(options[:10])}'
+                            if options else '')
+        + "): its parameters mean something else under the model's.")] if differences else []
 
 
 def _base_problems(backbone, record, what) -> List[PretrainedMismatchError]:
     """An adapter-only checkpoint: the model's base (loaded when it was built)
-    must be the one the adapters were trained on (by the recorded fingerprint;
-    without a record, that there is a base). The recorded path is named, not
-    opened."""
+    must be the one the adapters were trained on: by the recorded fingerprint,
+    or (no record) that there is one."""
     recorded, ours = (record or {}).get('base') or {}, backbone.pretrained_base
-    trained_on = (f'The adapters were trained on {recorded["checkpoint"]!r} (fingerprint '
-                  f'{recorded.get("fingerprint")}; the load does not open it). '
-                  if recorded.get('checkpoint') else '')
     if ours is None:
         configured, _ = backbone.configured_base()
         why = (f'model.backbone.init_cfg names {configured!r}, which was not loaded '
                '(missing when the model was built?)' if configured else
-               'model.backbone.init_cfg names no Pretrained checkpoint (mmdet\'s '
+               "model.backbone.init_cfg names no Pretrained checkpoint (mmdet's "
                'init_detector clears it unless cfg_options is given)')
+        trained_on = (f'The adapters were trained on {recorded["checkpoint"]!r} (fingerprint '
+                      f'{recorded["fingerprint"]}; the load does not open it). '
+                      if recorded.get('checkpoint') else '')
         return [PretrainedMismatchError(
             f'{what} is adapter-only (the adapters and the heads, not the frozen '
             f'pre-trained weights), and this model has no pre-trained base: {why}. '
-            f'{trained_on}Build the model with its base: model.backbone.init_cfg='
-            "dict(type='Pretrained', checkpoint=...) (with init_detector: "
-            "init_detector(config, checkpoint, cfg_options={}); with MMSegmentation's "
-            "init_model, which always clears init_cfg: cfg_options={'model.backbone."
-            "pretrained': BASE}), or make a self-contained checkpoint with "
-            'tools/model_converters/publish_model.py --merge-base.')]
+            f"{trained_on}Build the model with its base: model.backbone.init_cfg=dict(type="
+            "'Pretrained', checkpoint=...) (init_detector(config, checkpoint, "
+            "cfg_options={}); MMSegmentation's init_model clears init_cfg: cfg_options="
+            "{'model.backbone.pretrained': BASE}), or make a self-contained checkpoint "
+            'with tools/model_converters/publish_model.py --merge-base.')]
+    wrong = 'adapters on another base give wrong outputs'
     if record is not None and record['base'] is None:
         return [AdapterRecordMismatchError(
             f'{what} is adapter-only and records no pre-trained base (its adapters were '
-            'trained on a backbone as built, random), but the model\'s base is '
-            f'{ours.get("checkpoint")!r}: adapters on another base give wrong outputs.')]
+            "trained on a backbone as built, random), but the model's base is "
+            f'{ours["checkpoint"]!r}: {wrong}.')]
     theirs = recorded.get('fingerprint')
     if not theirs or theirs == ours['fingerprint']:
         return []
-    if recorded.get('checkpoint') == ours.get('checkpoint'):
+    if recorded.get('checkpoint') == ours['checkpoint']:
         return [AdapterRecordMismatchError(
-            f'{what}: the pre-trained file {ours.get("checkpoint")!r} has changed since the '
-            f'adapters were trained on it (fingerprint {theirs} then, '
-            f'{ours["fingerprint"]} now): adapters on another base give wrong outputs. '
-            'Restore the original file, or make a self-contained checkpoint where it '
-            'still is (publish_model.py --merge-base).')]
+            f'{what}: the pre-trained file {ours["checkpoint"]!r} has changed since the '
+            f'adapters were trained on it (fingerprint {theirs} then, {ours["fingerprint"]} '
+            f'now): {wrong}. Restore the original file, or make a self-contained '
+            'checkpoint where it still is (publish_model.py --merge-base).')]
     return [AdapterRecordMismatchError(
         f'{what}: the adapters were trained on the pre-trained base '
         f'{recorded.get("checkpoint")!r} (fingerprint {theirs}; named by the checkpoint, '
-        f'not opened), but the model\'s base is {ours.get("checkpoint")!r} (fingerprint '
-        f'{ours["fingerprint"]}): adapters on another base give wrong outputs. Point '
-        'model.backbone.init_cfg.checkpoint at the base they were trained on.')]
+        f"not opened), but the model's base is {ours['checkpoint']!r} (fingerprint "
+        f'{ours["fingerprint"]}): {wrong}. Point model.backbone.init_cfg.checkpoint at '
+        'the base they were trained on.')]
 
 
-def _adapter_problems(backbone, incoming, own, record, key,
+def _adapter_problems(backbone, incoming, own, record, record_key,
                       what) -> List[PretrainedMismatchError]:
-    """A fine-tuned checkpoint: all of the model's adapters, none it lacks,
-    and (adapter-only) the base they were trained on; a missing record (its
-    ``key``, None where there is one) last, after every check the tensors
-    allow."""
+    """A fine-tuned checkpoint: all of the model's adapters and none it lacks,
+    the base they were trained on (adapter-only), and last, after every check
+    its tensors allow, a missing record (``record_key``: None where there is
+    one)."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
-    given = [k for k in incoming if is_adapter_key(k)]
+    given = sorted(k for k in incoming if is_adapter_key(k))
     lacking = [k for k in adapters if k not in incoming]
-    if len(lacking) == len(adapters):
-        return [PretrainedMismatchError(
-            f'{what} holds adapter tensors, but none of this model\'s {len(adapters)}: a '
-            f'checkpoint of another model or config? (it has e.g. {few(sorted(given), 3)}; '
-            f'the model expects e.g. {few(adapters, 3)})')]
     if lacking:
+        none = len(lacking) == len(adapters)
         return [PretrainedMismatchError(
-            f'{what} holds adapters but lacks {len(lacking)} of the model\'s '
+            f"{what} holds adapter tensors, but none of this model's {len(adapters)}: a "
+            f'checkpoint of another model or config? (it has e.g. {few(given, 3)}; the '
+            f'model expects e.g. {few(adapters, 3)})' if none else
+            f"{what} holds adapters but lacks {len(lacking)} of the model's "
             f'{len(adapters)} adapter parameters: {few(lacking)}')]
     problems = []
-    foreign = sorted(set(given) - set(own))
+    foreign = [k for k in given if k not in own]
     if foreign:  # torch would drop them as unexpected keys: another unit
         gate = any(k.endswith('.gate') for k in foreign)
         problems.append(AdapterRecordMismatchError(
@@ -438,63 +407,58 @@ def _adapter_problems(backbone, incoming, own, record, key,
                                       "init_mode='identity'" if gate else '')
             + '; build the model with the options they were trained with.'))
     if not frozen_base_keys(incoming, '', backbone.params_not_in_base):
-        problems += _base_problems(backbone, record, what)  # adapter-only
-    if key is not None:
+        problems += _base_problems(backbone, record, what)
+    if record_key is not None:
         problems.append(AdapterRecordMismatchError(
-            f'{what} has no adapter record (key {key!r}: saved before moppa_mm recorded '
-            'one, or removed): its tensors fit the model, but the '
-            'options they were trained with (moppa_cfg, adapter switches) and the base '
-            'they were trained on cannot be checked, and adapters under other options '
-            'or on another base give wrong outputs without an error.'))
+            f'{what} has no adapter record (key {record_key!r}: saved before moppa_mm '
+            'recorded one, or removed): its tensors fit the model, but the options they '
+            'were trained with (moppa_cfg, adapter switches) and their base cannot be '
+            'checked, and adapters under other options or on another base give wrong '
+            'outputs without an error.'))
     return problems
 
 
 def _around_problems(outside, around, record, what) -> List[AdapterRecordMismatchError]:
-    """The model around the backbone: an adapter checkpoint holds its trained
-    tensors (heads, neck), which must be the model's, with its shapes."""
+    """An adapter checkpoint holds the trained tensors around the backbone
+    (heads, neck): the model's, of its shapes."""
     extra, lacking = sorted(set(outside) - set(around)), sorted(set(around) - set(outside))
-    saved_from = f' (it was saved from a {record["model"]})' if (record or {}).get('model') \
-        else ''
+    misfits = _misfits(outside, around)
+    anew = ('(to start a new task from its adapters, load it anyway: the heads then '
+            'start anew)')
     if extra or lacking:
+        saved = f' (it was saved from a {record["model"]})' if (record or {}).get('model') \
+            else ''
         return [AdapterRecordMismatchError(
-            f'{what} is of another model{saved_from}: it holds {len(extra)} tensors '
-            f'around the backbone that this model does not have ({few(extra, 3) or "none"})'
-            f' and lacks {len(lacking)} that it trains ({few(lacking, 3) or "none"}). Its '
-            'heads would stay random; use the config it was trained with (to start a new '
-            'task from its adapters, load it anyway: the heads then start anew).')]
-    mismatched = _shape_problems(outside, around)
-    if mismatched:
-        return [AdapterRecordMismatchError(
-            f'{what} does not fit the model around its backbone; {len(mismatched)} '
-            f'tensors differ: {few(mismatched, 3)}. A checkpoint of another task (another '
-            'number of classes)? Its heads would stay random; build the model from its '
-            'config (to start a new task from its adapters, load it anyway: the heads '
-            'then start anew).')]
-    return []
+            f'{what} is of another model{saved}: it holds {len(extra)} tensors around the '
+            f'backbone that this model does not have ({few(extra, 3) or "none"}) and lacks '
+            f'{len(lacking)} that it trains ({few(lacking, 3) or "none"}). Its heads would '
+            f'stay random; use the config it was trained with {anew}.')]
+    return [AdapterRecordMismatchError(
+        f'{what} does not fit the model around its backbone; {len(misfits)} tensors '
+        f'differ: {few(misfits, 3)}. A checkpoint of another task (another number of '
+        f'classes)? Its heads would stay random; build the model from its config '
+        f'{anew}.')] if misfits else []
 
 
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> Tuple[Optional[Dict[str, Any]], List[MoPPAInputError]]:
-    """What a checkpoint says of itself, no model needed: its record under
-    ``inside`` (None where absent or unreadable) and the problems: a record
-    that cannot be read, trained tensors that no longer match the recorded
-    digest (damage; ``digest=False``: not checked). ``publish_model.py`` runs
-    this much."""
+    """What a checkpoint says of itself (no model needed): its record under
+    ``inside`` (None where absent or unreadable), and a record that cannot be
+    read or trained tensors that no longer match its digest (damage;
+    ``digest=False``: not checked)."""
     value = state.get(inside + RECORD_KEY)
-    if value is None:
-        return None, []
-    record, problem = read_record(value)
+    record, problem = read_record(value) if value is not None else (None, None)
     if problem:
         return None, [AdapterRecordMismatchError(
             f'{what}: its adapter record (key {inside + RECORD_KEY!r}) {problem}. Its '
-            'options and base cannot be checked against the model\'s.')]
-    if digest and record.get('digest') and \
+            "options and base cannot be checked against the model's.")]
+    if digest and (record or {}).get('digest') and \
             trained_digest(state, inside, record) != record['digest']:
         return record, [CheckpointLoadError(
-            f'{what} is damaged: its trained tensors (the adapters and the tensors '
-            'around the backbone) do not match the digest its adapter record took when '
-            'it was saved (a disk or copy error, or tensors changed after the save); '
-            'copy or download it again')]
+            f'{what} is damaged: its trained tensors (the adapters and the tensors around '
+            'the backbone) do not match the digest its adapter record took when it was '
+            'saved (a disk or copy error, or tensors changed after the save); copy or '
+            'download it again')]
     return record, []
 
 
@@ -507,20 +471,18 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
     Args:
         state: The incoming state dict, keys as in the model being loaded.
         backbone: The MoPPA backbone (its base, options and tensors).
-        inside: The backbone's prefix in ``state`` (``'backbone.'``; ``''``
-            for the backbone loaded alone).
+        inside: The backbone's prefix in ``state`` (``''`` loaded alone).
         around: The model's other tensors (heads, neck), keys as in ``state``;
             None for the backbone loaded alone (no digest or head check).
         what: How messages name the checkpoint.
 
     Returns:
-        The problems, as errors to raise, in the order they are checked: NaN
-        or infinite values; the record (readable, the digest, the backbone's
-        type, merged or not, the options); the model around the backbone;
-        shapes; a pre-trained base's keys or the adapters (with the base they
-        were trained on, then a missing record). Those that are
-        :class:`AdapterRecordMismatchError` are what
-        ``strict_adapter_record=False`` loads with a warning.
+        The problems, as errors to raise, in the order checked: NaN or
+        infinite values; the record (readable, the digest, the backbone type,
+        merged or not, the options); the model around the backbone; shapes;
+        a pre-trained base's keys or the adapters (the base they were trained
+        on, then a missing record). :class:`AdapterRecordMismatchError` ones
+        are what ``strict_adapter_record=False`` loads with a warning.
     """
     incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
     value = incoming.pop(RECORD_KEY, None)
@@ -532,11 +494,21 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
         return [error]
     # the digest covers the model around the backbone: a backbone alone has none
     record, problems = stored_problems(state, inside, what, digest=around is not None)
-    if record is not None and record['backbone'] != type(backbone).__name__:
+    name, merged = type(backbone).__name__, bool((record or {}).get('merged'))
+    if record is not None and record['backbone'] != name:
         return problems + [PretrainedMismatchError(
             f'{what} is a {record["backbone"]} checkpoint (its adapter record says so); '
-            f'this config builds a {type(backbone).__name__}')]
-    problems += _merged_problems(backbone, record, what)
+            f'this config builds a {name}')]
+    if merged != backbone.merged:
+        problems.append(PretrainedMismatchError(
+            f'{what} is not merged, and {name} is merged for inference: load it into a '
+            'model built from the config without model.backbone.merged, then merge '
+            '(moppa_mm.merge_adapters)' if backbone.merged else
+            f'{what} is merged (its adapters are folded into the weights: publish_model.py'
+            ' --merge), and this model is not. Build the model merged: '
+            'model.backbone.merged=True in the config (in a tool: --cfg-options '
+            'model.backbone.merged=True), or call moppa_mm.merge_adapters(model) before '
+            'the load.'))
     given_adapters = any(is_adapter_key(k) for k in incoming)
     if record is not None and (given_adapters or backbone.merged):
         problems += _option_problems(backbone, record, what)  # before shapes: the cause
@@ -546,30 +518,28 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
     own.pop(RECORD_KEY)
     resized = tuple(backbone.FINGERPRINT_SKIPS) + (tuple(
         f'*.{p}' for p in FREQ_PARAMS) if backbone.RESIZES_FREQUENCY_MAPS else ())
-    mismatched = _shape_problems(incoming, own, resized)
-    if mismatched:
+    misfits = _misfits(incoming, own, resized)
+    if misfits:
         return problems + [PretrainedMismatchError(
-            f'{what}: {len(mismatched)} tensors do not fit the model (a checkpoint of '
-            f'another architecture, scope or window size?): {few(mismatched, 3)}')]
+            f'{what}: {len(misfits)} tensors do not fit the model (a checkpoint of another '
+            f'architecture, scope or window size?): {few(misfits, 3)}')]
     if backbone.merged:
         lacking = [k for k in own if k not in incoming]
-        if lacking:
-            problems.append(PretrainedMismatchError(
-                f'{what} is merged but lacks {len(lacking)} of the model\'s tensors: '
-                f'{few(lacking)}'))
-    elif not given_adapters:  # a pre-trained base: every base parameter
-        base = [k for k, _ in backbone.named_parameters() if not is_adapter_key(k)]
-        required = [k for k in base if not matches(
-            k, tuple(backbone.PRETRAINED_MAY_LACK) + tuple(backbone.params_not_in_base))]
+        problems += [PretrainedMismatchError(
+            f"{what} is merged but lacks {len(lacking)} of the model's tensors: "
+            f'{few(lacking)}')] if lacking else []
+    elif given_adapters:
+        problems += _adapter_problems(backbone, incoming, own, record,
+                                      None if value is not None else inside + RECORD_KEY, what)
+    else:  # a pre-trained base: every base parameter
+        may_lack = tuple(backbone.PRETRAINED_MAY_LACK) + tuple(backbone.params_not_in_base)
+        required = [k for k, _ in backbone.named_parameters()
+                    if not is_adapter_key(k) and not matches(k, may_lack)]
         lacking = [k for k in required if k not in incoming]
-        if lacking:
-            problems.append(PretrainedMismatchError(
-                f'{what} restores {len(required) - len(lacking)} of the {len(required)} '
-                f'frozen base parameters; missing: {few(lacking)}. The frozen backbone '
-                'would stay random: is it a checkpoint of this backbone, with its keys '
-                f'(given {len(incoming)} keys, e.g. {few(list(incoming), 3) or "none"})?'
-                f'{_prefix_hint(list(incoming), lacking)}'))
-    else:
-        problems += _adapter_problems(backbone, incoming, own, record, None if value is not None
-                                      else inside + RECORD_KEY, what)
+        problems += [PretrainedMismatchError(
+            f'{what} restores {len(required) - len(lacking)} of the {len(required)} frozen '
+            f'base parameters; missing: {few(lacking)}. The frozen backbone would stay '
+            'random: is it a checkpoint of this backbone, with its keys (given '
+            f'{len(incoming)} keys, e.g. {few(list(incoming), 3) or "none"})?'
+            f'{_prefix_hint(list(incoming), lacking)}')] if lacking else []
     return problems
