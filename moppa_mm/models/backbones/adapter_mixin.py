@@ -1,24 +1,22 @@
 """What the MoPPA backbones share: :class:`AdapterMixin`, the build and
-checkpoint contract (the units' options are :class:`MoPPAConfig`, the route
-regularisation :class:`.route_loss.RouteLossMixin`).
+checkpoint contract (units' options: :class:`MoPPAConfig`; the route loss:
+:class:`.route_loss.RouteLossMixin`).
 
-* **Build.** Freezing, the pre-trained base the config names loaded in
-  ``__init__`` (as mmpretrain's ``LoRAModel``), or merging with
-  ``merged=True``; the adapters' init; frozen norms kept in eval mode; the
-  checks before a training forward (a frozen base still random, the scale
-  floors); the parameter table.
-* **Save.** The backbone's own ``state_dict()`` is whole (its base classes
-  read it: mmdet's Swin resizes its position-bias tables against it) and holds
-  the adapter record. The model that holds it saves adapter-only where
+* **Build**: freezing; the base ``init_cfg`` names loaded in ``__init__`` (as
+  mmpretrain's ``LoRAModel``), or merging (``merged=True``); the adapters'
+  init; frozen norms in eval mode; the checks before a training forward; the
+  parameter table.
+* **Save**: the backbone's own ``state_dict()`` is whole (its base classes
+  read it: mmdet's Swin resizes its position-bias tables against it) with the
+  adapter record; the model holding it saves adapter-only where
   :attr:`AdapterMixin.saves_adapters_only` (:mod:`.model_hooks`);
   :func:`full_state_dict` and :func:`adapter_state_dict` give either state.
-* **Load** (in order, three files): the model's load pre-hook
-  (:func:`.model_hooks.check_load`; the backbone's own,
-  :meth:`AdapterMixin._check_load_alone`, when it is loaded alone) calls
-  :meth:`AdapterMixin.load_checked`, which runs
-  :func:`.adapter_state.checkpoint_problems`, stops or warns, and then gives
-  the load what it lacks (the model's own base for an adapter-only
-  checkpoint). It opens nothing and changes no module's structure.
+* **Load**, three files in order: the model's load pre-hook
+  (:func:`.model_hooks.check_load`; :meth:`AdapterMixin._check_load_alone`
+  for the backbone alone) -> :meth:`AdapterMixin.load_checked` ->
+  :func:`.adapter_state.checkpoint_problems`; then the load gets what it
+  lacks (the model's own base for an adapter-only checkpoint). It opens
+  nothing and changes no module's structure.
 """
 import logging
 import os.path as osp
@@ -72,37 +70,29 @@ class AdapterMixin(RouteLossMixin):
 
     A subclass calls :meth:`_pop_adapter_args` before the base ``__init__``,
     adds its adapters after it, then :meth:`_finish_build` and
-    :meth:`_build_base`. It provides :meth:`arch_record` and
-    :meth:`adapter_options`, and sets ``ADAPTER_TYPES`` (modules with
-    ``enabled`` and ``reset_parameters``), ``PRETRAINED_LABEL`` (the frozen
-    rest in the parameter table), ``PRETRAINED_MAY_LACK`` (base parameters
-    that releases lack), ``RESIZES_FREQUENCY_MAPS`` (the units' grid follows
-    the image size), ``RECORD_MAY_DIFFER`` (record keys that may differ, e.g.
-    the image grid) and ``FINGERPRINT_SKIPS`` (base keys resized on load, left
-    out of the fingerprint), and ``params_not_in_base`` (patterns, before the
-    backbone freezes) for base-class parameters that no pre-trained base has
-    (mmpretrain ViT's ``ln2`` under ``out_type='avg_featmap'``): they train
-    with the adapters, a base may lack them, and they are saved with the
-    adapters.
+    :meth:`_build_base`; it provides :meth:`arch_record` and
+    :meth:`adapter_options` and sets the class attributes below.
+    ``params_not_in_base`` (patterns, set before :meth:`_finish_build`) are
+    base-class parameters no pre-trained base has (mmpretrain ViT's ``ln2``
+    under ``out_type='avg_featmap'``): they train and are saved with the
+    adapters, and a base may lack them.
 
     Args of the backbones:
         strict_adapter_record (bool): Stop when a checkpoint's record
-            disagrees with the model, cannot be read or is absent, or the
-            model around the backbone differs (True, default). False only
-            warns: for a checkpoint you have checked by other means, or a new
-            task from trained adapters.
+            disagrees, cannot be read or is absent, or the model around the
+            backbone differs (default); False warns (a new task from trained
+            adapters, a checkpoint checked by other means).
         random_base (bool): The frozen base is random on purpose (benchmarks,
-            tests of the adapters' mechanics). Otherwise the first training
-            forward with ``freeze_pretrained=True`` and no pre-trained base
-            stops (:class:`NoPretrainedBaseError`). Defaults to False.
+            tests); otherwise training on a random frozen base stops
+            (:class:`NoPretrainedBaseError`). Defaults to False.
     """
 
-    ADAPTER_TYPES: Tuple[type, ...] = ()
-    PRETRAINED_LABEL: str = 'pre-trained backbone'
-    PRETRAINED_MAY_LACK: Tuple[str, ...] = ()
-    RESIZES_FREQUENCY_MAPS: bool = False
-    RECORD_MAY_DIFFER: Tuple[str, ...] = ()
-    FINGERPRINT_SKIPS: Tuple[str, ...] = ()
+    ADAPTER_TYPES: Tuple[type, ...] = ()  # modules with enabled, reset_parameters
+    PRETRAINED_LABEL: str = 'pre-trained backbone'  # the rest, in the parameter table
+    PRETRAINED_MAY_LACK: Tuple[str, ...] = ()  # base parameters releases lack
+    RESIZES_FREQUENCY_MAPS: bool = False  # the units' grid follows the image size
+    RECORD_MAY_DIFFER: Tuple[str, ...] = ()  # record keys that may differ (image grid)
+    FINGERPRINT_SKIPS: Tuple[str, ...] = ()  # base keys resized on load
     params_not_in_base: Tuple[str, ...] = ()
     merged: bool = False  # adapters folded in for inference (merge_adapters)
 
@@ -117,10 +107,9 @@ class AdapterMixin(RouteLossMixin):
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,
                       random_base: bool = False) -> None:
-        """Call after the adapters are added (then :meth:`_build_base`): after
-        the base classes' own load pre-hooks too (mmpretrain's ViT resizes
-        ``pos_embed`` in one), so that a backbone loaded alone is checked as
-        it will be loaded."""
+        """Call after the adapters are added (then :meth:`_build_base`); the
+        load check goes after the base classes' own load pre-hooks (mmpretrain's
+        ViT resizes ``pos_embed`` in one)."""
         self.freeze_pretrained = freeze_pretrained
         self.random_base = random_base
         self.strict_adapter_record = strict_adapter_record
@@ -137,12 +126,10 @@ class AdapterMixin(RouteLossMixin):
         self._register_load_state_dict_pre_hook(self._check_load_alone)
 
     def _build_base(self, merged: bool) -> None:
-        """The last step of ``__init__``. The pre-trained base that ``init_cfg``
-        names is loaded now (:meth:`init_weights`, as mmpretrain's ``LoRAModel``
-        does), so that every later load (``runner.test()``, ``init_detector``,
-        ``get_model``) finds it there; a file that is missing is a warning.
-        With ``merged=True`` the adapters are folded in instead
-        (:meth:`merge_adapters`): the model then takes a merged checkpoint."""
+        """The last step of ``__init__``: the base ``init_cfg`` names is loaded
+        now (:meth:`init_weights`), so that every later load (``runner.test()``,
+        ``init_detector``, ``get_model``) finds it; a missing file is a
+        warning. ``merged=True`` folds the adapters in instead."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -166,9 +153,8 @@ class AdapterMixin(RouteLossMixin):
             return
         self.init_weights()
         # mmengine's init_weights() of the model around it applies its init_cfg
-        # (e.g. mmpretrain's TruncNormal on every Linear) to every submodule,
-        # then calls a child's own only while it is not initialised: ours puts
-        # the base back
+        # (mmpretrain's TruncNormal on every Linear) to every submodule, then a
+        # child's own init_weights while it is not initialised: ours reloads
         self._is_init = False
 
     # ------------------------------------------------------------ the base
@@ -187,13 +173,10 @@ class AdapterMixin(RouteLossMixin):
         return init_cfg['checkpoint'], init_cfg.get('prefix')
 
     def init_weights(self) -> None:
-        """The pre-trained base ``init_cfg`` names (again: the model around
-        the backbone may have initialised it over), or the base classes' init
-        without one; then the adapters' init. A local base file gone since the
-        base came from it leaves the base as it is. Errors while reading the
-        file name it; an unconverted release (no keys under
-        ``init_cfg.prefix``) is named with its converter command. Logs the
-        parameter table when the base comes."""
+        """The base ``init_cfg`` names, loaded (again: the model around may
+        have initialised it over; a local file gone since leaves it as it is),
+        or the base classes' init without one; then the adapters' init. Logs
+        the parameter table when the base comes."""
         self._refuse_if_merged('cannot be initialised again')
         checkpoint, prefix = self.configured_base()
         came = self._base is None
@@ -209,8 +192,9 @@ class AdapterMixin(RouteLossMixin):
         self._is_init = True
 
     def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
-        """The base classes' ``Pretrained`` init (their loaders, their
-        conversions), checked like every load (:meth:`_check_load_alone`)."""
+        """The base classes' ``Pretrained`` init (their loaders, conversions),
+        checked like every load; errors name the file, an unconverted release
+        its converter command."""
         what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
         self._is_init = False  # mmengine's Pretrained init runs once otherwise
         self._base = None
@@ -226,11 +210,9 @@ class AdapterMixin(RouteLossMixin):
             self._base.update(checkpoint=_as_recorded(checkpoint), prefix=prefix)
 
     def check_base_for_training(self) -> None:
-        """Raise :class:`NoPretrainedBaseError` when the adapters would train
-        on a frozen base that is still random: ``freeze_pretrained=True``, no
-        pre-trained base in the model (none loaded from ``init_cfg`` when the
-        backbone was built, nor by a checkpoint since: a whole-model one,
-        ``load_from``, a resume) and not ``random_base=True``."""
+        """Raise :class:`NoPretrainedBaseError` where the adapters would train
+        on a frozen base that is still random (none from ``init_cfg``, nor from
+        a checkpoint since) and not ``random_base=True``."""
         if self._base is not None or not self.freeze_pretrained or self.random_base \
                 or self.merged:
             return
@@ -284,29 +266,28 @@ class AdapterMixin(RouteLossMixin):
 
     @property
     def saves_adapters_only(self) -> bool:
-        """Whether the model that holds the backbone saves it adapter-only:
-        with a frozen base named by the config (``freeze_pretrained=True`` and
-        ``init_cfg`` a ``Pretrained`` checkpoint), unmerged. What is left out:
-        :func:`~.adapter_state.frozen_base_keys`."""
+        """Whether the model holding the backbone saves it adapter-only
+        (:func:`~.adapter_state.frozen_base_keys` left out): a frozen base the
+        config names (``freeze_pretrained=True``, a ``Pretrained``
+        ``init_cfg``), unmerged."""
         return self.freeze_pretrained and not self.merged and \
             self.configured_base()[0] is not None
 
     # ------------------------------------------------------------- loading
     def _check_load_alone(self, state_dict, prefix: str, *args) -> None:
-        """Load pre-hook of the backbone: a load that starts here (the
-        backbone loaded alone, as its base is when built: ``prefix`` is empty)
-        is checked here; one that comes through the model holding it was
-        checked there (:func:`.model_hooks.check_load`)."""
+        """Load pre-hook: a load that starts here (``prefix`` empty: the
+        backbone alone, as its base at build) is checked here; one through the
+        model holding it was checked there (:func:`.model_hooks.check_load`)."""
         if not prefix:
             self.load_checked(state_dict, '', '')
 
     def load_checked(self, state_dict: Dict[str, Any], prefix: str, inside: str,
                      around: Optional[Mapping[str, torch.Tensor]] = None) -> None:
         """Check what comes in (:func:`~.adapter_state.checkpoint_problems`):
-        stop, or warn under ``strict_adapter_record=False`` where that is
-        allowed; then give the load what the checkpoint lacks of the backbone
-        (its base stays for an adapter-only checkpoint, its adapters for a
-        pre-trained base) and note the base that came (fingerprint).
+        stop, or warn where ``strict_adapter_record=False`` allows; then give
+        the load what it lacks of the model (its base for an adapter-only
+        checkpoint, its adapters for a base; heads of another shape keep
+        theirs) and note the base that came.
 
         Args:
             state_dict: What the load got; keys under ``prefix`` are the model's.
@@ -350,11 +331,9 @@ class AdapterMixin(RouteLossMixin):
 
     # ------------------------------------------------------------ training
     def _check_before_training(self, module, args) -> None:
-        """Before a forward that will need gradients: a frozen base must be a
-        pre-trained one (:meth:`check_base_for_training`, in training mode),
-        and the fused scale & shift layers' scale floors hold, all checked at
-        once (one device read-back per optimizer step instead of one per
-        layer)."""
+        """Before a forward that will need gradients: a pre-trained frozen base
+        (in training mode), and the scale & shift layers' floors, all at once
+        (one device read-back per step, not one per layer)."""
         if not torch.is_grad_enabled() or is_capturing():
             return
         if self.training:
@@ -382,9 +361,8 @@ class AdapterMixin(RouteLossMixin):
             module.enabled = enabled
 
     def train(self, mode: bool = True):
-        """As the base class, and normalisation layers whose parameters are all
-        frozen stay in eval mode (batch norms' statistics are part of the
-        frozen base). Returns the module (mmpretrain's ``train`` returns None)."""
+        """As the base class; fully frozen norms stay in eval mode (their
+        statistics are the base's). Returns the module (mmpretrain's: None)."""
         super().train(mode)
         if mode:
             for norm in frozen_norms(self):
@@ -393,24 +371,13 @@ class AdapterMixin(RouteLossMixin):
 
     # ----------------------------------------------------------------- merging
     def merge_adapters(self) -> 'AdapterMixin':
-        """Fold the adapters into the backbone for inference, in place; returns
-        the backbone. :func:`moppa_mm.merge_adapters` does it for a whole model.
-
-        * every scale & shift goes into the weights of the layer whose output it
-          scales (the linear layers, the patch embedding's projection), which
-          become plain ``nn.Linear`` / ``nn.Conv2d`` with new frozen tensors;
-          the scale & shift modules are gone;
-        * every MoPPA unit's filter and field become constant buffers
-          (:meth:`MoPPAUnit.merge_`); its two DCTs stay, they are the unit;
-        * the 3x3 conv adapters (Swin) stay as they are: a nonlinear branch has
-          no weights to fold into.
-
-        One-way: the merged backbone cannot train, switch its adapters off or
-        load an unmerged checkpoint. Its checkpoints hold the whole model,
-        recorded as merged; they load into a model built merged (the backbone
-        option ``merged=True``, e.g. ``--cfg-options model.backbone.merged=True``
-        for ``tools/test.py``, or ``cfg_options`` of ``init_detector``).
-        """
+        """Fold the adapters in for inference, in place; returns the backbone.
+        Every scale & shift goes into the weights of the layer whose output it
+        scales (plain ``nn.Linear`` / ``nn.Conv2d`` then); every unit's filter
+        and field become constants (:meth:`MoPPAUnit.merge_`); the Swin's 3x3
+        conv adapters stay (nothing to fold into). One-way: it cannot train or
+        load an unmerged checkpoint; its checkpoints are whole, recorded as
+        merged, and load into a model built with ``merged=True``."""
         if self.merged:
             return self
         self._check_mergeable()
@@ -441,9 +408,9 @@ class AdapterMixin(RouteLossMixin):
                                'config and load the unmerged checkpoint to train it')
 
     def extra_repr(self) -> str:
-        """The base class's, the hooks the model holding this backbone runs
-        for it (:mod:`.model_hooks`) and the optimizer step check that waits
-        for its first step (:mod:`.optimizer_check`)."""
+        """The base class's, the model's hooks for the backbone
+        (:mod:`.model_hooks`) and the waiting first-step check
+        (:mod:`.optimizer_check`)."""
         held = self.__dict__.get('_held_as')
         lines = [super().extra_repr()] + [f'{name}=({value})' for name, value in (
             ('model_hooks', held and f'{held[0]}.{held[1]}: loss_route into the loss dict; '
@@ -490,6 +457,22 @@ def _moppa_backbones(model: nn.Module):
             yield (f'{name}.' if name else ''), module
 
 
+def merge_adapters(model: nn.Module) -> nn.Module:
+    """Fold the adapters of every MoPPA backbone in ``model`` into its weights
+    (:meth:`AdapterMixin.merge_adapters`; outputs equal the unmerged model's
+    up to float rounding), in place; returns ``model`` in eval mode::
+
+        model = init_model(config, adapter_checkpoint)  # any loader
+        torch.save({'state_dict': merge_adapters(model).state_dict()}, 'merged.pth')
+    """
+    backbones = [backbone for _, backbone in _moppa_backbones(model)]
+    if not backbones:
+        raise ValueError(f'{type(model).__name__} holds no MoPPA backbone: nothing to merge')
+    for backbone in backbones:
+        backbone.merge_adapters()
+    return model.eval()
+
+
 def full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     """Every tensor of ``model``, the frozen base of its MoPPA backbones too
     (``model.state_dict()`` leaves it out where they save adapter-only): a
@@ -516,6 +499,6 @@ def adapter_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
 
 
 __all__ = ['AdapterMixin', 'AdapterRecordMismatchError', 'PretrainedMismatchError',
-           'NoPretrainedBaseError', 'full_state_dict', 'adapter_state_dict',
+           'NoPretrainedBaseError', 'full_state_dict', 'adapter_state_dict', 'merge_adapters',
            'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
            'adapter_components', 'ADAPTER_GROUPS', 'ADAPTER_PATTERNS']
