@@ -7,12 +7,14 @@ configs do it with
 ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
 
 It also registers one torch module-registration hook
-(:mod:`moppa_mm.models.backbones.parent_hooks`), so that a config changes only
+(:mod:`moppa_mm.models.backbones.model_hooks`), so that a config changes only
 the backbone: a model that is assigned a MoPPA backbone (``detector.backbone =
-...``) gets a forward hook that adds ``loss_route`` to its loss dict and
-state-dict hooks that record and check its heads' shapes. ``print(model)``
-shows them on the backbone (``parent_hooks=...``); assigning another module in
-the backbone's place removes them. Other modules are left as they are.
+...``) gets a forward hook that adds ``loss_route`` to its loss dict, a
+state-dict hook that saves the backbone adapter-only where its config names
+the base (with the record's digest) and a load pre-hook that checks every
+checkpoint loaded into it. ``print(model)`` shows them on the backbone
+(``model_hooks=...``); assigning another module in the backbone's place
+removes them. Other modules are left as they are.
 
 A MoPPA backbone with a frozen base also registers, when it is built, a one-shot
 global optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``;

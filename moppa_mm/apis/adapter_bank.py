@@ -1,10 +1,8 @@
 """Many tasks on one frozen base: :class:`AdapterBank`.
 
-A MoPPA model fine-tuned on many tasks shares its whole backbone but the
-adapters; every task's checkpoint is adapter-only (the adapters, the heads and
-the adapter record). Loading such a checkpoint the usual way
-(``load_state_dict``) checks it and copies the base onto itself each time. A
-bank loads the base once and keeps, per task, only what differs::
+Every task's checkpoint of a MoPPA model is adapter-only (the adapters, the
+heads, the record); the usual load checks it and copies the base onto itself
+each time. A bank loads the base once and keeps, per task, only what differs::
 
     bank = AdapterBank.from_config('configs/vtab1k/moppa_..._vtab1k-cifar.py')
     bank.add('cifar', 'work_dirs/cifar/epoch_100.pth')
@@ -12,28 +10,21 @@ bank loads the base once and keeps, per task, only what differs::
     model = bank.use('dtd')        # the same model object, now dtd's
     bank.runner('dtd', dtd_config).test()   # mmengine's Runner on it
 
-* **What a task holds.** The backbone's adapter tensors (the record says how
-  they were built), and one module per other child of the model (the head;
-  for a detector the neck and heads; the data preprocessor): built from the
-  task's config when one is given (another number of classes), else copies of
-  the bank model's own, with the checkpoint's tensors loaded strictly.
-* **Switching** copies the task's adapter tensors into the backbone's adapter
-  parameters (megabytes) and assigns its modules as the model's children. No
-  base tensor is read or written: not loaded, copied, or fingerprinted.
-* **While a task is active the model is the task.** What is done to the
-  model (``bank.runner(name, cfg).train()``, a fine-tuning of ``bank.use(name)``,
-  a ``load_state_dict``) is done to the task as a whole: its modules are the
-  model's children, trained in place, and the backbone's adapter tensors are
-  copied back into the task when the bank switches away from it. The runner
-  starts training from the task's weights (mmengine's ``init_weights``, which
-  would reset the adapters and the head, is not called) and refuses a base
-  with trainable parameters (every task shares it).
-* **Checks on** :meth:`AdapterBank.add`: the file loads with
-  ``weights_only=True``; the checkpoint passes the backbones' own load check
-  (:func:`~moppa_mm.models.backbones.adapter_state.checkpoint_problems`:
-  finite values, its record, digest, options and base, the shapes, the
-  adapters, the modules around the backbone), with no override; and the base
-  tensors of a self-contained checkpoint equal the bank's.
+* **A task** holds the backbone's adapter tensors and one module per other
+  child of the model (heads, neck, data preprocessor): built from the task's
+  config when given (another number of classes), else copies of the bank
+  model's, with the checkpoint's tensors loaded strictly. :meth:`AdapterBank.add`
+  runs the backbones' own load check
+  (:func:`~moppa_mm.models.backbones.adapter_state.checkpoint_problems`, no
+  override), and a self-contained checkpoint's base must equal the bank's.
+* **Switching** copies the task's adapter tensors into the backbone's
+  (megabytes) and assigns its modules as the model's children; no base tensor
+  is read or written.
+* **While a task is active the model is the task**: what is done to the model
+  (``bank.runner(name, cfg).train()``, a fine-tuning of ``bank.use(name)``) is
+  the task's, its adapters copied back when the bank switches away. The runner
+  trains from the task's weights (no ``init_weights``) and refuses a base with
+  trainable parameters (every task shares it).
 """
 import copy
 import os.path as osp
@@ -362,18 +353,14 @@ class AdapterBank:
 
     def _task_modules(self, cfg: Union[str, Config, None], what: str) -> Dict[str, nn.Module]:
         """The task's own copy of every child of the model but the backbone:
-        built from the task's config, or copies of the bank model's."""
+        copies of the bank model's, or built from the task's config (with a
+        stand-in backbone; the config must build the bank's backbone)."""
         if cfg is None:
             return OrderedDict((n, copy.deepcopy(m)) for n, m in self._template.items())
-        return self._modules_from_config(_read_config(cfg), what)
-
-    def _modules_from_config(self, cfg: Config, what: str) -> Dict[str, nn.Module]:
-        """The children of ``cfg``'s model but the backbone, built without
-        the backbone (a stand-in takes its place)."""
-        backbone_cfg = cfg.model.backbone
+        cfg = _read_config(cfg)
         if self._backbone_cfg is not None:
-            ours = {k: v for k, v in self._backbone_cfg.to_dict().items() if k != 'init_cfg'}
-            theirs = {k: v for k, v in backbone_cfg.to_dict().items() if k != 'init_cfg'}
+            ours, theirs = ({k: v for k, v in c.to_dict().items() if k != 'init_cfg'}
+                            for c in (self._backbone_cfg, cfg.model.backbone))
             differ = [f'model.backbone.{k}: {theirs.get(k, "(unset)")!r} in the task\'s '
                       f'config, {ours.get(k, "(unset)")!r} in the bank\'s'
                       for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]

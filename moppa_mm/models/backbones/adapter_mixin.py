@@ -39,7 +39,7 @@ from ..moppa_config import MoPPAConfig
 from . import model_hooks
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
                             AdapterRecordMismatchError, PretrainedMismatchError,
-                            _as_recorded, _plain, base_fingerprint, checkpoint_problems,
+                            _as_recorded, base_fingerprint, checkpoint_problems,
                             decode_record, encode_record, frozen_base_keys,
                             is_adapter_key,
                             read_adapter_record)
@@ -249,7 +249,7 @@ class AdapterMixin(RouteLossMixin):
         every checkpoint records and what loading compares."""
         record = dict(
             format=RECORD_FORMAT, backbone=type(self).__name__,
-            arch=_plain(self.arch_record()), adapters=_plain(self.adapter_options()),
+            arch=self.arch_record(), adapters=self.adapter_options(),
             moppa_cfg=self.moppa_config.to_dict() if any(
                 isinstance(m, MoPPAUnit) for m in self.modules()) else None,
             base=dict(self._base) if self._base else None)

@@ -14,7 +14,7 @@
   nothing: the recorded base path is only named.
 
 Format ``moppa_mm.adapter/1``: fields are only added, as optional ones
-(``merged``, ``heads``; ``model`` and ``digest`` since 0.2), so a record
+(``merged``, ``heads``; ``model`` and ``digest`` after 0.1.0), so a record
 without a digest loads, unchecked for damage; a change of a field's meaning
 would change the number. Earlier versions refuse records with newer fields.
 """
@@ -182,22 +182,13 @@ def read_adapter_record(checkpoint: Mapping[str, Any],
     return decode_record(state.get(prefix + RECORD_KEY))
 
 
-def _plain(value: Any) -> Any:
-    """Tuples as lists, recursively: records compare alike however stored."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
 def _flatten(record: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
     flat = {}
     for key, value in record.items():
         if isinstance(value, dict) and value:
             flat.update(_flatten(value, f'{prefix}{key}.'))
         else:
-            flat[f'{prefix}{key}'] = _plain(value)
+            flat[f'{prefix}{key}'] = value
     return flat
 
 
@@ -205,9 +196,9 @@ def record_differences(record: Dict[str, Any], backbone: nn.Module
                        ) -> List[Tuple[str, Any, Any]]:
     """``(key, checkpoint's value, model's value)`` of every recorded option
     that differs from ``backbone``'s, but its ``RECORD_MAY_DIFFER``."""
-    ours, theirs = ({k: v for k, v in r.items() if k not in NOT_OPTIONS}
-                    for r in (backbone.adapter_record(), record))
-    ours, theirs = _flatten(ours), _flatten(theirs)
+    ours = json.loads(json.dumps(backbone.adapter_record()))  # as stored: lists
+    ours, theirs = (_flatten({k: v for k, v in r.items() if k not in NOT_OPTIONS})
+                    for r in (ours, record))
     return [(key, theirs.get(key, '(not recorded)'), ours.get(key, '(none)'))
             for key in sorted(set(ours) | set(theirs))
             if key not in backbone.RECORD_MAY_DIFFER

@@ -1,20 +1,12 @@
-"""The hooks a MoPPA backbone puts on the model that holds it (the detector,
-classifier or segmentor: ``model.<name> = backbone``), so that a config changes
-only the backbone and no runner hook is needed:
-
-* a forward hook, :func:`add_route_loss`: ``loss_route`` into the loss dict
-  of every training forward;
-* a state-dict hook, :func:`save_adapter_state`: the frozen base left out
-  where the backbone saves adapter-only, and the record completed (the model's
-  class, the shapes of its other tensors, the digest of what it saves);
-* a load pre-hook, :func:`check_load`: the one check of the load (it sees
-  the whole checkpoint), then what the load needs.
-
-Each is ``functools.partial(hook, backbone, name)``: ``copy.deepcopy`` of the
-model (EMA) gives the copy hooks of the copied backbone. :func:`attach` runs
-on every assignment (torch's module-registration hook, registered by
-:mod:`.adapter_mixin`); another module in the backbone's place removes them.
-The backbone's ``repr`` names them (``model_hooks=...``).
+"""The hooks a MoPPA backbone puts on the model that holds it (``model.<name>
+= backbone``: a detector, classifier, segmentor), so that a config changes
+only the backbone and no runner hook is needed: :func:`add_route_loss`
+(forward), :func:`save_adapter_state` (state dict) and :func:`check_load`
+(load pre-hook). Each is ``functools.partial(hook, backbone, name)``, so a
+``copy.deepcopy`` of the model (EMA) hooks the copied backbone. :func:`attach`
+runs on every assignment (torch's module-registration hook, registered by
+:mod:`.adapter_mixin`); another module in the backbone's place unhooks it.
+``repr`` of the backbone names them (``model_hooks=...``).
 """
 import functools
 from typing import Optional
@@ -49,11 +41,11 @@ def add_route_loss(backbone, name: str, model: nn.Module, args, kwargs, output):
 
 def save_adapter_state(backbone, name: str, model: nn.Module, state_dict, prefix: str,
                        local_metadata) -> None:
-    """State-dict hook, run once the model's own and its children's tensors
-    are in: the frozen base leaves where the backbone saves adapter-only
-    (:attr:`~.adapter_mixin.AdapterMixin.saves_adapters_only`), and the
-    backbone's record gets the model's class, the shapes of its other tensors
-    (``heads``) and the digest of every tensor saved but the frozen base."""
+    """State-dict hook, run once all the model's tensors are in: the frozen
+    base leaves where the backbone saves adapter-only
+    (:attr:`~.adapter_mixin.AdapterMixin.saves_adapters_only`), and the record
+    gets the model's class, its other tensors' shapes (``heads``) and the
+    digest of all that is saved but the frozen base."""
     inside = f'{name}.'
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     record = decode_record(state.get(inside + RECORD_KEY))
@@ -71,10 +63,9 @@ def save_adapter_state(backbone, name: str, model: nn.Module, state_dict, prefix
 
 def check_load(backbone, name: str, model: nn.Module, state_dict, prefix: str,
                *args) -> None:
-    """Load pre-hook, run before any tensor is copied: the load's one check,
-    on the backbone and the model's other tensors
-    (:meth:`~.adapter_mixin.AdapterMixin.load_checked`). The backbone's own
-    pre-hook then leaves the load alone."""
+    """Load pre-hook, before any tensor is copied: the load's one check, with
+    the model's other tensors (:meth:`~.adapter_mixin.AdapterMixin.load_checked`;
+    the backbone's own pre-hook then leaves the load alone)."""
     around = {k: v for k, v in state_tensors(model).items() if not k.startswith(f'{name}.')}
     backbone.load_checked(state_dict, prefix, f'{name}.', around)
 
