@@ -43,11 +43,6 @@ class CheckpointLoadError(MoPPAInputError, RuntimeError):
     the file (or another file) is the fix."""
 
 
-def unsafe_load_allowed() -> bool:
-    """Whether the user opted in to unpickling arbitrary objects."""
-    return os.getenv(OPT_IN_ENV, '0').lower() in _TRUE_VALUES
-
-
 def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
     text = str(error)
     if isinstance(error, pickle.UnpicklingError) and 'weights_only' in text.replace(
@@ -224,7 +219,7 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
     with naming_checkpoint(path, what):
         if osp.getsize(path) == 0:
             raise EOFError('empty file')
-        weights_only = not unsafe_load_allowed()
+        weights_only = os.getenv(OPT_IN_ENV, '0').lower() not in _TRUE_VALUES
         use_mmap = mmap and zipfile.is_zipfile(path)
         checkpoint = torch.load(path, map_location=map_location,
                                 weights_only=weights_only, mmap=use_mmap)
@@ -405,22 +400,6 @@ def from_plain(obj: Any) -> Any:
 
 
 # ----------------------------------------- Runner checkpoints, weights_only
-def runner_checkpoint_types() -> List[Any]:
-    """The types an mmengine Runner checkpoint holds besides tensors and plain
-    containers: the message hub's ``HistoryBuffer`` and the numpy arrays,
-    scalars and dtypes in it (logged values, random states)."""
-    from mmengine.logging import HistoryBuffer
-    try:
-        from numpy._core import multiarray
-    except ImportError:  # numpy < 2
-        from numpy.core import multiarray
-    types = [HistoryBuffer, multiarray._reconstruct, multiarray.scalar,
-             np.ndarray, np.dtype]
-    types += [getattr(np.dtypes, name) for name in dir(np.dtypes)
-              if name.endswith('DType') and isinstance(getattr(np.dtypes, name), type)]
-    return types
-
-
 def _reduce_history_buffer(buffer) -> tuple:
     """``HistoryBuffer`` as its constructor call: its own ``__getstate__``
     adds the class's statistics functions, which pickle as ``getattr`` calls
@@ -431,13 +410,21 @@ def _reduce_history_buffer(buffer) -> tuple:
 def allow_runner_checkpoints() -> None:
     """Checkpoints written by any mmengine Runner (with or without our hooks)
     load with ``torch.load(weights_only=True)``, as mmdet's and mmpretrain's own
-    tools load them under torch >= 2.6: :func:`runner_checkpoint_types` are
-    allow-listed (torch's ``add_safe_globals``), and ``HistoryBuffer`` pickles
-    as its constructor call (a ``copyreg`` registration, read back the same by
-    any loader)."""
+    tools load them under torch >= 2.6: what they hold besides tensors and
+    plain containers (the message hub's ``HistoryBuffer``, the numpy arrays,
+    scalars and dtypes of logged values and random states) is allow-listed
+    (torch's ``add_safe_globals``), and ``HistoryBuffer`` pickles as its
+    constructor call (a ``copyreg`` registration, read by any loader)."""
     from mmengine.logging import HistoryBuffer
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray
     copyreg.pickle(HistoryBuffer, _reduce_history_buffer)
-    torch.serialization.add_safe_globals(runner_checkpoint_types())
+    torch.serialization.add_safe_globals(
+        [HistoryBuffer, multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype]
+        + [getattr(np.dtypes, name) for name in dir(np.dtypes)
+           if name.endswith('DType') and isinstance(getattr(np.dtypes, name), type)])
 
 
 # ------------------------------------------------------ what --resume takes
@@ -446,29 +433,14 @@ def allow_runner_checkpoints() -> None:
 _INTERVAL_CHECKPOINT = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 
-def complete_checkpoints(folder: str) -> List[str]:
-    """The interval checkpoints (``epoch_N.pth``, ``iter_N.pth``) of ``folder``
-    that are whole PyTorch zip archives (a file cut short by a kill while it
-    was written is not), oldest first: by number, then modification time."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        match = _INTERVAL_CHECKPOINT.match(name)
-        path = osp.join(folder, name)
-        if match and osp.isfile(path) and _is_whole_checkpoint(path):
-            found.append((int(match.group(1)), osp.getmtime(path), path))
-    return [path for _, _, path in sorted(found)]
-
-
 def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
     """What ``--resume`` without a file resumes from, for a local work dir:
     the checkpoint ``<work_dir>/last_checkpoint`` names (mmengine's
     ``find_latest_checkpoint``) or, when that file is missing or names a file
-    that is gone, the newest complete one of the work dir
-    (:func:`complete_checkpoints`): a run killed after a checkpoint's rename
+    that is gone, the newest interval checkpoint (``epoch_N.pth``,
+    ``iter_N.pth``: the largest N, then the newest) that is a whole PyTorch
+    zip archive (a file cut short by a kill is not): a run killed after a
+    checkpoint's rename
     but before ``last_checkpoint`` was written, or a work dir copied without
     it, goes on from its last checkpoint instead of starting over.
 
@@ -486,9 +458,13 @@ def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
             named = f.read().strip() or None
     if named is not None and ('://' in named or osp.isfile(named)):
         return named, ''
-    found = complete_checkpoints(work_dir)
+    paths = [osp.join(work_dir, n) for n in (os.listdir(work_dir) if osp.isdir(work_dir)
+                                             else []) if _INTERVAL_CHECKPOINT.match(n)]
+    found = sorted((int(_INTERVAL_CHECKPOINT.match(osp.basename(p)).group(1)),
+                    osp.getmtime(p), p) for p in paths
+                   if osp.isfile(p) and _is_whole_checkpoint(p))
     if not found:
         return named, ''
     why = f'{pointer} names {named!r}, which is gone' if named else f'no {pointer}'
-    return found[-1], (f'--resume: {why}; resuming from the newest complete '
-                       f'checkpoint in the work dir, {found[-1]}')
+    return found[-1][2], (f'--resume: {why}; resuming from the newest complete '
+                          f'checkpoint in the work dir, {found[-1][2]}')
