@@ -170,3 +170,26 @@ def test_the_adapter_checkpoint_hook_is_a_deprecated_no_op():
     checkpoint = {'state_dict': {'w': torch.ones(1)}}
     hook.before_save_checkpoint(None, checkpoint)  # the model decides what it saves
     assert list(checkpoint['state_dict']) == ['w']
+
+
+def test_an_ema_checkpoint_loads_both_ways(trained_classifier):  # noqa: F811
+    """mmengine's EMAHook saves ``ema_state_dict`` (the averaged copy's, under
+    ``module.``) and swaps its values with ``state_dict``'s, records included:
+    each side's digest is of its own tensors, so the swapped checkpoint loads
+    for testing and, swapped back, resumes (into the averaged model too)."""
+    from mmengine.model import ExponentialMovingAverage
+    model = build(classifier_cfg(trained_classifier['pretrained']))
+    ema = ExponentialMovingAverage(model)  # a deepcopy: its hooks are the copy's
+    with torch.no_grad():
+        model.head.layers.head.weight.add_(1.0)  # the model moves on, the average not
+    checkpoint = {'state_dict': model.state_dict(), 'ema_state_dict': ema.state_dict()}
+    for key in [k for k in checkpoint['ema_state_dict'] if k.startswith('module.')]:
+        checkpoint['state_dict'][key[7:]], checkpoint['ema_state_dict'][key] = \
+            checkpoint['ema_state_dict'][key], checkpoint['state_dict'][key[7:]]
+    tested = build(classifier_cfg(trained_classifier['pretrained']))
+    tested.load_state_dict(checkpoint['state_dict'])  # the averaged weights
+    torch.testing.assert_close(tested.head.layers.head.weight, ema.module.head.layers.head.weight)
+    averaged = ExponentialMovingAverage(build(classifier_cfg(trained_classifier['pretrained'])))
+    averaged.load_state_dict(checkpoint['ema_state_dict'])  # the model's, as on resume
+    torch.testing.assert_close(averaged.module.head.layers.head.weight,
+                               model.head.layers.head.weight)
