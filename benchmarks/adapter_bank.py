@@ -41,8 +41,9 @@ from benchmarks.timing import sync  # noqa: E402
 from moppa_mm import AdapterBank  # noqa: E402
 from moppa_mm.apis.adapter_bank import build_model  # noqa: E402
 from moppa_mm.datasets import VTAB_TASKS  # noqa: E402
-from moppa_mm.models import full_state  # noqa: E402
-from moppa_mm.models.backbones.adapter_mixin import is_adapter_key  # noqa: E402
+from moppa_mm.models import full_state_dict, read_adapter_record  # noqa: E402
+from moppa_mm.models.backbones.adapter_state import (encode_record, is_adapter_key,  # noqa: E402
+                                                     trained_digest)
 
 CONFIG = 'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-{}.py'
 DEFAULT_OUT = osp.join(ROOT, 'docs', 'benchmarks.md')
@@ -66,9 +67,8 @@ def save_random_base(cfg: Config, path: str) -> None:
     cfg.model.backbone.init_cfg = None
     model = build_model(cfg)
     model.init_weights()
-    with full_state(model):
-        state = {k: v for k, v in model.state_dict().items() if k.startswith('backbone.')
-                 and not is_adapter_key(k[len('backbone.'):]) and '_extra_state' not in k}
+    state = {k: v for k, v in full_state_dict(model).items() if k.startswith('backbone.')
+             and not is_adapter_key(k[len('backbone.'):]) and '_extra_state' not in k}
     torch.save({'state_dict': state}, path)
 
 
@@ -89,6 +89,9 @@ def save_tasks(cfg: Config, folder: str, tasks) -> dict:
             elif value.is_floating_point():
                 value = value + 0.01 * torch.randn(value.shape, generator=generator)
             state[key] = value
+        record = read_adapter_record(state)  # its digest: of these tensors
+        record['digest'] = trained_digest(state, 'backbone.', record)
+        state['backbone._extra_state'] = encode_record(record)
         paths[task] = osp.join(folder, f'{task}.pth')
         torch.save({'state_dict': state}, paths[task])
     return paths

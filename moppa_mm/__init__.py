@@ -4,9 +4,10 @@ Importing the package registers its backbones, data sets and hooks in mmdet's,
 mmpretrain's and mmengine's registries, the ``moppa_mm::`` config scope, and
 mmengine's checkpoint types with torch's ``weights_only`` loader; configs do it
 with ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
-What a MoPPA backbone adds to the model it is assigned to (``loss_route``, the
-heads' shapes in its state dict, a first-step check of the adapters' learning
-rate) is shown by ``print(model)`` on the backbone: docs/design.md.
+What a MoPPA backbone adds to the model it is assigned to (``loss_route``,
+adapter-only saving with a digest, the check of every checkpoint loaded into it,
+a first-step check of the adapters' learning rate) is shown by ``print(model)``
+on the backbone: docs/design.md.
 """
 
 

@@ -1,10 +1,8 @@
 """Many tasks on one frozen base: :class:`AdapterBank`.
 
-A MoPPA model fine-tuned on many tasks shares its whole backbone but the
-adapters; every task's checkpoint is adapter-only (the adapters, the heads and
-the adapter record). Loading such a checkpoint the usual way
-(``load_state_dict``) checks it and copies the base onto itself each time. A
-bank loads the base once and keeps, per task, only what differs::
+Every task's checkpoint of a MoPPA model is adapter-only (the adapters, the
+heads, the record); the usual load checks it and copies the base onto itself
+each time. A bank loads the base once and keeps, per task, only what differs::
 
     bank = AdapterBank.from_config('configs/vtab1k/moppa_..._vtab1k-cifar.py')
     bank.add('cifar', 'work_dirs/cifar/epoch_100.pth')
@@ -12,29 +10,21 @@ bank loads the base once and keeps, per task, only what differs::
     model = bank.use('dtd')        # the same model object, now dtd's
     bank.runner('dtd', dtd_config).test()   # mmengine's Runner on it
 
-* **What a task holds.** The backbone's adapter tensors (the record says how
-  they were built), and one module per other child of the model (the head;
-  for a detector the neck and heads; the data preprocessor): built from the
-  task's config when one is given (another number of classes), else copies of
-  the bank model's own, with the checkpoint's tensors loaded strictly.
-* **Switching** copies the task's adapter tensors into the backbone's adapter
-  parameters (megabytes) and assigns its modules as the model's children. No
-  base tensor is read or written: not loaded, copied, or fingerprinted.
-* **While a task is active the model is the task.** What is done to the
-  model (``bank.runner(name, cfg).train()``, a fine-tuning of ``bank.use(name)``,
-  a ``load_state_dict``) is done to the task as a whole: its modules are the
-  model's children, trained in place, and the backbone's adapter tensors are
-  copied back into the task when the bank switches away from it. The runner
-  starts training from the task's weights (mmengine's ``init_weights``, which
-  would reset the adapters and the head, is not called) and refuses a base
-  with trainable parameters (every task shares it).
-* **Checks on** :meth:`AdapterBank.add`: the file loads with
-  ``weights_only=True`` and holds no NaN / infinite value; its adapter record
-  names the bank's architecture and adapter options and the fingerprint of
-  the bank's base; a full checkpoint's base tensors equal the bank's; every
-  shape fits. The record is read as the backbones' load reads it
-  (``check_adapter_record``: bounded, every field's type checked). A mismatch
-  names the task, the key and both values.
+* **A task** holds the backbone's adapter tensors and one module per other
+  child of the model (heads, neck, data preprocessor): built from the task's
+  config when given (another number of classes), else copies of the bank
+  model's, with the checkpoint's tensors loaded strictly. :meth:`AdapterBank.add`
+  runs the backbones' own load check
+  (:func:`~moppa_mm.models.backbones.adapter_state.checkpoint_problems`, no
+  override), and a self-contained checkpoint's base must equal the bank's.
+* **Switching** copies the task's adapter tensors into the backbone's
+  (megabytes) and assigns its modules as the model's children; no base tensor
+  is read or written.
+* **While a task is active the model is the task**: what is done to the model
+  (``bank.runner(name, cfg).train()``, a fine-tuning of ``bank.use(name)``) is
+  the task's, its adapters copied back when the bank switches away. The runner
+  trains from the task's weights (no ``init_weights``) and refuses a base with
+  trainable parameters (every task shares it).
 """
 import copy
 import os.path as osp
@@ -45,21 +35,15 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 
-from moppa_mm.models.backbones.adapter_state import (RECORD_KEY,
-                                                     AdapterRecordMismatchError,
-                                                     AdapterStateMixin,
+from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
+from moppa_mm.models.backbones.adapter_state import (RECORD_KEY, AdapterRecordMismatchError,
                                                      PretrainedMismatchError,
-                                                     check_adapter_record, full_state,
-                                                     is_adapter_key)
-from moppa_mm.utils.checkpoints import check_finite, load_checkpoint_file
+                                                     checkpoint_problems, is_adapter_key)
+from moppa_mm.utils.checkpoints import load_checkpoint_file
 from moppa_mm.utils.config_files import read_config
-from moppa_mm.utils.params import few
+from moppa_mm.utils.params import few, state_tensors
 
 Checkpoint = Union[str, Mapping[str, Any]]
-
-
-def _few(items: List[str]) -> str:
-    return few(items, 3, sep='; ')
 
 
 def _tensor_bytes(tensors) -> int:
@@ -128,10 +112,9 @@ class AdapterBank:
     """
 
     def __init__(self, model: nn.Module, cfg: Union[str, Config, None] = None) -> None:
-        backbones = [(n, m) for n, m in model.named_children()
-                     if isinstance(m, AdapterStateMixin)]
+        backbones = [(n, m) for n, m in model.named_children() if isinstance(m, AdapterMixin)]
         if len(backbones) != 1:
-            nested = [n for n, m in model.named_modules() if isinstance(m, AdapterStateMixin)]
+            nested = [n for n, m in model.named_modules() if isinstance(m, AdapterMixin)]
             raise TypeError(
                 f'AdapterBank needs a model with one MoPPA backbone among its children; '
                 f'{type(model).__name__} has {len(backbones)}'
@@ -142,8 +125,7 @@ class AdapterBank:
         # the model's own other children: what a task without a config copies
         self._template = OrderedDict((n, m) for n, m in model.named_children()
                                      if n != self.backbone_name)
-        with full_state(self.backbone):
-            own = self.backbone.state_dict(keep_vars=True)
+        own = self.backbone.state_dict(keep_vars=True)  # whole: the backbone's own
         own.pop(RECORD_KEY, None)
         # the tensors a switch writes into (parameters and persistent buffers)
         self._adapter_slots = OrderedDict((k, v) for k, v in own.items() if is_adapter_key(k))
@@ -213,11 +195,10 @@ class AdapterBank:
 
         Raises:
             ValueError: ``name`` is in the bank already.
-            NonFiniteCheckpointError: a NaN or infinite value.
-            AdapterRecordMismatchError: the record is absent, names other
-                options or another base (or a full checkpoint holds another
-                base); ``AdapterRecordError`` (a subclass): it cannot be read.
-            PretrainedMismatchError: keys or shapes do not fit.
+            CheckpointLoadError: unsafe, NaN / infinite, or damaged.
+            PretrainedMismatchError: it does not fit the bank's model or base
+                (:class:`AdapterRecordMismatchError` where a model's load
+                would take ``strict_adapter_record=False``: the bank does not).
         """
         if name in self._tasks:
             raise ValueError(f'task {name!r} is in the adapter bank already; '
@@ -226,20 +207,26 @@ class AdapterBank:
         what = f'AdapterBank: task {name!r} ({source})'
         if isinstance(checkpoint, str):  # weights_only; NaN / inf refused
             checkpoint = load_checkpoint_file(checkpoint, what=f'task {name!r} checkpoint')
-        else:
-            check_finite(checkpoint, what)
         state = dict(checkpoint.get('state_dict', checkpoint))
         if state and all(k.startswith('module.') for k in state):  # a wrapped model's
             state = {k[len('module.'):]: v for k, v in state.items()}
+        modules = self._task_modules(cfg, what)
+        around = {f'{child}.{k}': v for child, module in modules.items()
+                  for k, v in state_tensors(module).items()}
         inside = f'{self.backbone_name}.'
-        backbone_state = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
-        record = check_adapter_record(backbone_state.pop(RECORD_KEY, None),
-                                      f'{inside}{RECORD_KEY}', what)
-        self._check_record(record, what)
-        self._check_base(backbone_state, record, what)
-        adapters = self._take_adapters(backbone_state, what)
-        others = {k: v for k, v in state.items() if not k.startswith(inside)}
-        modules = self._task_modules(others, cfg, what)
+        problems = checkpoint_problems(state, self.backbone, inside, around, what)
+        if problems:
+            raise problems[0]
+        self._check_base({k[len(inside):]: v for k, v in state.items()
+                          if k.startswith(inside) and k != inside + RECORD_KEY}, what)
+        device = self._device()
+        adapters = OrderedDict(
+            (k, state[inside + k].to(device=device, dtype=slot.dtype).clone())
+            for k, slot in self._adapter_slots.items())
+        for child, module in modules.items():
+            module.load_state_dict({k[len(child) + 1:]: v for k, v in state.items()
+                                    if k.startswith(f'{child}.')}, strict=True)
+            module.to(device)
         self._tasks[name] = _Task(source, adapters, modules)
 
     def remove(self, name: str) -> None:
@@ -294,7 +281,7 @@ class AdapterBank:
             raise ValueError(
                 f'AdapterBank: training task {name!r} would change the base every task '
                 f'shares: {len(trainable)} base parameters are trainable: '
-                f'{_few(self.backbone_name + "." + k for k in trainable)}; freeze them '
+                f'{few([self.backbone_name + "." + k for k in trainable], 3)}; freeze them '
                 '(the adapters and the modules around the backbone are the task\'s)')
 
     def runner(self, name: str, cfg: Union[str, Config]):
@@ -349,119 +336,38 @@ class AdapterBank:
         return BankRunner.from_cfg(cfg)
 
     # ------------------------------------------------------------- checks
-    def _check_record(self, record: Optional[Dict[str, Any]], what: str) -> None:
-        if record is None:
+    def _check_base(self, given: Dict[str, torch.Tensor], what: str) -> None:
+        """The base tensors a checkpoint holds (a self-contained one) must be
+        the bank's: every task shares its base."""
+        base = {k: v for k, v in given.items() if not is_adapter_key(k)}
+        unknown = sorted(k for k in base if k not in self._base)
+        differ = sorted(k for k in base if k in self._base and not torch.equal(
+            base[k].to(self._base[k].device), self._base[k].detach()))
+        if unknown or differ:
             raise AdapterRecordMismatchError(
-                f'{what} has no adapter record of a {type(self.backbone).__name__} '
-                f'(key {self.backbone_name}.{RECORD_KEY}): not a checkpoint of a MoPPA '
-                'model, or saved before moppa_mm recorded one; its adapters cannot be '
-                'checked against the bank\'s base')
-        mismatches = self.backbone.record_mismatches(record)
-        if mismatches:
-            raise AdapterRecordMismatchError(
-                f'{what} was built with other options than the bank\'s model; '
-                f'{len(mismatches)} differ:\n  ' + few(mismatches, 20, sep='\n  '))
+                f'{what} holds {len(base)} base tensors; {len(differ)} differ from the '
+                f'bank\'s base (e.g. {few(differ, 3, sep="; ") or "none"}) and '
+                f'{len(unknown)} it does not have (e.g. {few(unknown, 3, sep="; ") or "none"})'
+                ': a checkpoint of another pre-trained base (or with its base fine-tuned) '
+                'cannot share it')
 
-    def _check_base(self, backbone_state: Dict[str, torch.Tensor],
-                    record: Dict[str, Any], what: str) -> None:
-        """Base tensors a checkpoint holds must equal the bank's; for those it
-        lacks, its record must name the bank's base by fingerprint."""
-        given = [k for k in backbone_state if not is_adapter_key(k)]
-        unknown = [k for k in given if k not in self._base]
-        if unknown:
-            raise PretrainedMismatchError(
-                f'{what} holds backbone tensors the bank\'s model does not have: '
-                f'{_few(sorted(unknown))}')
-        differ = [k for k in given if backbone_state[k].shape != self._base[k].shape
-                  or not torch.equal(backbone_state[k].to(self._base[k].device),
-                                     self._base[k].detach())]
-        if differ:
-            raise AdapterRecordMismatchError(
-                f'{what} holds {len(given)} base tensors; {len(differ)} differ from the '
-                f'bank\'s base, e.g. {_few(sorted(differ))}: a checkpoint of another '
-                'pre-trained base (or with its base fine-tuned) cannot share it')
-        if len(given) == len(self._base):
-            return  # self-contained, and its base is the bank's
-        recorded = (record.get('base') or {})
-        theirs, ours = recorded.get('fingerprint'), self.base_fingerprint()
-        if ours is None:
-            raise AdapterRecordMismatchError(
-                f'{what} is adapter-only, but the bank\'s model has no pre-trained base '
-                '(build it with model.backbone.init_cfg naming the Pretrained checkpoint '
-                'the adapters were trained on)')
-        if theirs != ours:
-            raise AdapterRecordMismatchError(
-                f'{what} was trained on another base; base.fingerprint: {theirs!r} '
-                f'({recorded.get("checkpoint")!r}) in the checkpoint, {ours!r} '
-                f'({self.backbone.pretrained_base.get("checkpoint")!r}) in the bank\'s '
-                'model')
-
-    def _take_adapters(self, backbone_state: Dict[str, torch.Tensor],
-                       what: str) -> Dict[str, torch.Tensor]:
-        given = {k: v for k, v in backbone_state.items() if is_adapter_key(k)}
-        missing = [k for k in self._adapter_slots if k not in given]
-        unknown = [k for k in given if k not in self._adapter_slots]
-        if missing or unknown:
-            raise PretrainedMismatchError(
-                f'{what} does not hold the adapters of the bank\'s model: '
-                + (f'{len(missing)} missing, e.g. {_few(missing)}. ' if missing else '')
-                + (f'{len(unknown)} unknown, e.g. {_few(unknown)}' if unknown else ''))
-        wrong = [f'{self.backbone_name}.{k}: {tuple(v.shape)} in the checkpoint, '
-                 f'{tuple(self._adapter_slots[k].shape)} in the model'
-                 for k, v in given.items() if v.shape != self._adapter_slots[k].shape]
-        if wrong:
-            raise PretrainedMismatchError(
-                f'{what}: {len(wrong)} adapter tensors have other shapes than the '
-                f'bank\'s (another image size or patch grid?): {_few(wrong)}')
-        device = self._device()
-        return OrderedDict((k, given[k].to(device=device, dtype=slot.dtype).clone())
-                           for k, slot in self._adapter_slots.items())
-
-    def _task_modules(self, state: Dict[str, torch.Tensor],
-                      cfg: Union[str, Config, None], what: str) -> Dict[str, nn.Module]:
-        """The task's copy of every child of the model but the backbone, with
-        the checkpoint's tensors loaded."""
+    def _task_modules(self, cfg: Union[str, Config, None], what: str) -> Dict[str, nn.Module]:
+        """The task's own copy of every child of the model but the backbone:
+        copies of the bank model's, or built from the task's config (with a
+        stand-in backbone; the config must build the bank's backbone)."""
         if cfg is None:
-            modules = OrderedDict((n, copy.deepcopy(m)) for n, m in self._template.items())
-            hint = (' The task has other heads than the bank\'s model: give its config '
-                    '(add(..., cfg=...)) to build them.')
-        else:
-            modules = self._modules_from_config(_read_config(cfg), what)
-            hint = ' Is the config the task\'s?'
-        own = {f'{n}.{k}': v for n, m in modules.items() for k, v in m.state_dict().items()}
-        missing = [k for k in own if k not in state]
-        unknown = [k for k in state if k not in own]
-        wrong = [f'{k}: {tuple(state[k].shape)} in the checkpoint, {tuple(v.shape)} in '
-                 'the model' for k, v in own.items()
-                 if k in state and tuple(state[k].shape) != tuple(v.shape)]
-        if missing or unknown or wrong:
-            raise PretrainedMismatchError(
-                f'{what} does not fit the modules around the backbone: '
-                + (f'{len(wrong)} shapes differ: {_few(wrong)}. ' if wrong else '')
-                + (f'{len(missing)} missing: {_few(missing)}. ' if missing else '')
-                + (f'{len(unknown)} unknown: {_few(unknown)}.' if unknown else '') + hint)
-        device = self._device()
-        for child, module in modules.items():
-            prefix = f'{child}.'
-            module.load_state_dict({k[len(prefix):]: v for k, v in state.items()
-                                    if k.startswith(prefix)}, strict=True)
-            module.to(device)
-        return modules
-
-    def _modules_from_config(self, cfg: Config, what: str) -> Dict[str, nn.Module]:
-        """The children of ``cfg``'s model but the backbone, built without
-        the backbone (a stand-in takes its place)."""
-        backbone_cfg = cfg.model.backbone
+            return OrderedDict((n, copy.deepcopy(m)) for n, m in self._template.items())
+        cfg = _read_config(cfg)
         if self._backbone_cfg is not None:
-            ours = {k: v for k, v in self._backbone_cfg.to_dict().items() if k != 'init_cfg'}
-            theirs = {k: v for k, v in backbone_cfg.to_dict().items() if k != 'init_cfg'}
+            ours, theirs = ({k: v for k, v in c.to_dict().items() if k != 'init_cfg'}
+                            for c in (self._backbone_cfg, cfg.model.backbone))
             differ = [f'model.backbone.{k}: {theirs.get(k, "(unset)")!r} in the task\'s '
                       f'config, {ours.get(k, "(unset)")!r} in the bank\'s'
                       for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
             if differ:
                 raise AdapterRecordMismatchError(
                     f'{what}: the task\'s config builds another backbone than the '
-                    f'bank\'s: {_few(differ)}')
+                    f'bank\'s: {few(differ, 3, sep="; ")}')
         model = build_model(cfg, backbone=dict(type=nn.Identity))
         children = OrderedDict((n, m) for n, m in model.named_children()
                                if n != self.backbone_name)

@@ -20,8 +20,8 @@ import torch
 
 from moppa_mm.utils.atomic import atomic_torch_save
 from moppa_mm.utils.errors import MoPPAInputError
-from moppa_mm.utils.checkpoints import (CheckpointLoadError, NonFiniteCheckpointError, check_finite,
-                                        is_npz, load_checkpoint_file)
+from moppa_mm.utils.checkpoints import (CheckpointLoadError, check_finite, is_npz,
+                                        load_checkpoint_file)
 
 # timm block names -> mmpretrain layer names
 TIMM_TO_MMPRETRAIN = OrderedDict([
@@ -241,31 +241,22 @@ def check_converted(path: str, checkpoint: Any, prefix: str,
         'checkpoints").')
 
 
-def _not_a_npz(path: str) -> Optional[SourceFormatError]:
-    """For the ``jax`` converter given a file that is no ``.npz``: the error
-    saying what it is, if it is a PyTorch checkpoint (loaded safely)."""
-    try:
-        checkpoint = load_checkpoint_file(path, what='source checkpoint')
-    except NonFiniteCheckpointError:
-        raise
-    except (CheckpointLoadError, RuntimeError):
-        return None  # neither format: the .npz reader's error says so
-    found = identify(checkpoint)
-    looks = f'; it looks like {LOOKS_LIKE[found]}. {_what_to_do(found, path)}' \
-        if found not in (None, 'jax') else '.'
-    return SourceFormatError(
-        f'source checkpoint {path!r} is a PyTorch checkpoint, not a JAX .npz '
-        f'(the jax converter reads the AugReg / ViT-L .npz releases){looks}')
-
-
 def _load_npz(path: str) -> Dict[str, np.ndarray]:
-    """Arrays of an ``.npz`` without unpickling anything."""
+    """Arrays of an ``.npz`` without unpickling anything; a PyTorch
+    checkpoint given instead is named with what it looks like."""
     if osp.getsize(path) == 0:
         raise CheckpointLoadError(f'source checkpoint {path!r} is empty (0 bytes)')
     if not is_npz(path):
-        error = _not_a_npz(path)
-        if error is not None:
-            raise error
+        try:
+            found = identify(load_checkpoint_file(path, what='source checkpoint'))
+        except RuntimeError:  # no PyTorch checkpoint either: the .npz reader says so
+            pass
+        else:
+            looks = f'; it looks like {LOOKS_LIKE[found]}. {_what_to_do(found, path)}' \
+                if found not in (None, 'jax') else '.'
+            raise SourceFormatError(
+                f'source checkpoint {path!r} is a PyTorch checkpoint, not a JAX .npz '
+                f'(the jax converter reads the AugReg / ViT-L .npz releases){looks}')
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}

@@ -5,12 +5,12 @@ our verdicts on a user's input (:mod:`~moppa_mm.utils.errors`), parameter
 patterns and tables (:mod:`~moppa_mm.utils.params`), and
 :func:`keep_freed_memory` for CPU runs (:mod:`~moppa_mm.utils.malloc`).
 Importing it imports nothing heavier than torch and numpy."""
-from .checkpoints import CheckpointLoadError, NonFiniteCheckpointError, load_checkpoint_file
+from .checkpoints import CheckpointLoadError, load_checkpoint_file
 from .errors import MoPPAInputError
 from .malloc import keep_freed_memory
 from .params import matches, parameter_table, set_trainable
 
 __all__ = [
-    'CheckpointLoadError', 'NonFiniteCheckpointError', 'load_checkpoint_file',
+    'CheckpointLoadError', 'load_checkpoint_file',
     'MoPPAInputError', 'keep_freed_memory', 'matches', 'parameter_table', 'set_trainable'
 ]

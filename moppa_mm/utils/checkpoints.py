@@ -9,14 +9,12 @@ tagged plain containers, :func:`from_plain` turns them back). mmengine's own
 loader calls ``torch.load`` without ``weights_only``, which torch >= 2.6 takes
 as ``True``.
 
-A file that needs more is refused with a :class:`CheckpointLoadError` naming
-it, and so is one whose weights or optimizer state hold NaN or infinite values
-(:class:`NonFiniteCheckpointError`, naming the first keys): every file our
-tools load comes through :func:`load_checkpoint_file`, and the MoPPA backbones
-run the same :func:`check_finite` on whatever state dict mmengine's loaders
-hand them. The opt-in, for a file from a source you trust, is torch's own environment
-variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``; it applies to mmengine's
-loader and to ours alike.
+A file that needs more, is cut short or is no checkpoint is refused with a
+:class:`CheckpointLoadError` naming it, and so is one whose weights or
+optimizer state hold NaN or infinite values (:func:`check_finite`, which the
+MoPPA models' load check runs too). The opt-in, for a file from a source you
+trust, is torch's own environment variable ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``;
+it applies to mmengine's loader and to ours alike.
 """
 import contextlib
 import copyreg
@@ -27,7 +25,6 @@ import re
 import struct
 import urllib.error
 import zipfile
-import zlib
 from collections import OrderedDict
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -41,16 +38,9 @@ _TRUE_VALUES = ('1', 'y', 'yes', 'true')  # as torch.load reads the variable
 
 
 class CheckpointLoadError(MoPPAInputError, RuntimeError):
-    """A checkpoint file could not be loaded safely (refused, truncated, empty)."""
-
-
-class NonFiniteCheckpointError(CheckpointLoadError):
-    """A checkpoint holds NaN or infinite weights (or optimizer state)."""
-
-
-def unsafe_load_allowed() -> bool:
-    """Whether the user opted in to unpickling arbitrary objects."""
-    return os.getenv(OPT_IN_ENV, '0').lower() in _TRUE_VALUES
+    """A checkpoint cannot be used as it is: refused, cut short, no
+    checkpoint, damaged, or holding NaN or infinite values. Another copy of
+    the file (or another file) is the fix."""
 
 
 def _explain(path: str, what: str, error: BaseException) -> CheckpointLoadError:
@@ -172,10 +162,13 @@ def _unreadable(path: str, what: str, error: BaseException) -> CheckpointLoadErr
 def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
     """Re-raise a loading failure inside the block as a
     :class:`CheckpointLoadError` that names ``path`` (and the opt-in where the
-    file was refused for holding objects)."""
+    file was refused for holding objects); a verdict of ours raised inside
+    (a model's load check) gets the file's name in front."""
     try:
         yield
-    except CheckpointLoadError:
+    except MoPPAInputError as error:
+        if repr(path) not in str(error):
+            error.args = (f'{what} {path!r}: {error}', )
         raise
     except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as error:
         raise _explain(path, what, error) from error
@@ -206,37 +199,11 @@ def naming_checkpoint(path: str, what: str = 'checkpoint') -> Iterator[None]:
         raise
 
 
-def check_archive(path: str, what: str = 'checkpoint') -> None:
-    """Raise :class:`CheckpointLoadError` naming ``path`` and its first
-    damaged record where a zip checkpoint's bytes do not match the CRC-32 the
-    archive stores for them (``torch.load`` does not check them: flipped bytes
-    inside a tensor would load as wrong weights). Reads the whole file once;
-    a file that is no zip archive (torch's legacy format) is left to
-    ``torch.load``."""
-    if not zipfile.is_zipfile(path):
-        return
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-    # a record the zip reader cannot inflate (zlib.error) or whose compression it
-    # does not know: torch.load would fail on it too
-    except (zipfile.BadZipFile, EOFError, NotImplementedError, zlib.error) as error:
-        raise _explain(path, what, error) from None
-    if damaged is not None:
-        raise CheckpointLoadError(
-            f'{what} {path!r} is damaged: the bytes of its record {damaged!r} do not '
-            'match the checksum (CRC-32) the archive stores for them (a disk or copy '
-            'error, or a file changed after it was saved); copy or download it again')
-
-
 def load_checkpoint_file(path: str, what: str = 'checkpoint',
                          map_location='cpu', mmap: bool = False) -> Any:
     """``torch.load`` a local file with ``weights_only=True`` (unless the user
-    opted in), raising :class:`CheckpointLoadError` that names ``path`` (also
-    for a zip archive whose bytes do not match its CRC-32s:
-    :func:`check_archive`); a NaN
-    or infinite tensor (weights, optimizer state) raises
-    :class:`NonFiniteCheckpointError` (:func:`check_finite`).
+    opted in), raising :class:`CheckpointLoadError` that names ``path``, also
+    for a NaN or infinite tensor (weights, optimizer state: :func:`check_finite`).
 
     Args:
         path: the local file.
@@ -252,8 +219,7 @@ def load_checkpoint_file(path: str, what: str = 'checkpoint',
     with naming_checkpoint(path, what):
         if osp.getsize(path) == 0:
             raise EOFError('empty file')
-        check_archive(path, what)
-        weights_only = not unsafe_load_allowed()
+        weights_only = os.getenv(OPT_IN_ENV, '0').lower() not in _TRUE_VALUES
         use_mmap = mmap and zipfile.is_zipfile(path)
         checkpoint = torch.load(path, map_location=map_location,
                                 weights_only=weights_only, mmap=use_mmap)
@@ -297,7 +263,7 @@ def non_finite_tensors(obj: Any, where: str = '') -> List[Tuple[str, int, int]]:
 
 
 def check_finite(checkpoint: Any, source: str) -> None:
-    """Raise :class:`NonFiniteCheckpointError` if any floating-point tensor of
+    """Raise :class:`CheckpointLoadError` if any floating-point tensor of
     ``checkpoint`` (weights, optimizer state; not :data:`NOT_WEIGHTS`) holds a
     NaN or an infinity. ``source`` names it (e.g. ``"checkpoint 'x.pth'"``)."""
     if isinstance(checkpoint, dict):
@@ -307,7 +273,7 @@ def check_finite(checkpoint: Any, source: str) -> None:
         return
     listed = ', '.join(f'{key} ({count} of {size})' for key, count, size in bad[:5])
     more = f', ... ({len(bad)} tensors in all)' if len(bad) > 5 else ''
-    raise NonFiniteCheckpointError(
+    raise CheckpointLoadError(
         f'{source} holds NaN or infinite values in {len(bad)} '
         f'tensor{"s" if len(bad) > 1 else ""}: {listed}{more}. Training or testing '
         'with it gives NaN: was it saved by a run that diverged, or damaged? Take '
@@ -434,22 +400,6 @@ def from_plain(obj: Any) -> Any:
 
 
 # ----------------------------------------- Runner checkpoints, weights_only
-def runner_checkpoint_types() -> List[Any]:
-    """The types an mmengine Runner checkpoint holds besides tensors and plain
-    containers: the message hub's ``HistoryBuffer`` and the numpy arrays,
-    scalars and dtypes in it (logged values, random states)."""
-    from mmengine.logging import HistoryBuffer
-    try:
-        from numpy._core import multiarray
-    except ImportError:  # numpy < 2
-        from numpy.core import multiarray
-    types = [HistoryBuffer, multiarray._reconstruct, multiarray.scalar,
-             np.ndarray, np.dtype]
-    types += [getattr(np.dtypes, name) for name in dir(np.dtypes)
-              if name.endswith('DType') and isinstance(getattr(np.dtypes, name), type)]
-    return types
-
-
 def _reduce_history_buffer(buffer) -> tuple:
     """``HistoryBuffer`` as its constructor call: its own ``__getstate__``
     adds the class's statistics functions, which pickle as ``getattr`` calls
@@ -460,13 +410,21 @@ def _reduce_history_buffer(buffer) -> tuple:
 def allow_runner_checkpoints() -> None:
     """Checkpoints written by any mmengine Runner (with or without our hooks)
     load with ``torch.load(weights_only=True)``, as mmdet's and mmpretrain's own
-    tools load them under torch >= 2.6: :func:`runner_checkpoint_types` are
-    allow-listed (torch's ``add_safe_globals``), and ``HistoryBuffer`` pickles
-    as its constructor call (a ``copyreg`` registration, read back the same by
-    any loader)."""
+    tools load them under torch >= 2.6: what they hold besides tensors and
+    plain containers (the message hub's ``HistoryBuffer``, the numpy arrays,
+    scalars and dtypes of logged values and random states) is allow-listed
+    (torch's ``add_safe_globals``), and ``HistoryBuffer`` pickles as its
+    constructor call (a ``copyreg`` registration, read by any loader)."""
     from mmengine.logging import HistoryBuffer
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy < 2
+        from numpy.core import multiarray
     copyreg.pickle(HistoryBuffer, _reduce_history_buffer)
-    torch.serialization.add_safe_globals(runner_checkpoint_types())
+    torch.serialization.add_safe_globals(
+        [HistoryBuffer, multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype]
+        + [getattr(np.dtypes, name) for name in dir(np.dtypes)
+           if name.endswith('DType') and isinstance(getattr(np.dtypes, name), type)])
 
 
 # ------------------------------------------------------ what --resume takes
@@ -475,29 +433,14 @@ def allow_runner_checkpoints() -> None:
 _INTERVAL_CHECKPOINT = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 
-def complete_checkpoints(folder: str) -> List[str]:
-    """The interval checkpoints (``epoch_N.pth``, ``iter_N.pth``) of ``folder``
-    that are whole PyTorch zip archives (a file cut short by a kill while it
-    was written is not), oldest first: by number, then modification time."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        match = _INTERVAL_CHECKPOINT.match(name)
-        path = osp.join(folder, name)
-        if match and osp.isfile(path) and _is_whole_checkpoint(path):
-            found.append((int(match.group(1)), osp.getmtime(path), path))
-    return [path for _, _, path in sorted(found)]
-
-
 def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
     """What ``--resume`` without a file resumes from, for a local work dir:
     the checkpoint ``<work_dir>/last_checkpoint`` names (mmengine's
     ``find_latest_checkpoint``) or, when that file is missing or names a file
-    that is gone, the newest complete one of the work dir
-    (:func:`complete_checkpoints`): a run killed after a checkpoint's rename
+    that is gone, the newest interval checkpoint (``epoch_N.pth``,
+    ``iter_N.pth``: the largest N, then the newest) that is a whole PyTorch
+    zip archive (a file cut short by a kill is not): a run killed after a
+    checkpoint's rename
     but before ``last_checkpoint`` was written, or a work dir copied without
     it, goes on from its last checkpoint instead of starting over.
 
@@ -515,9 +458,13 @@ def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
             named = f.read().strip() or None
     if named is not None and ('://' in named or osp.isfile(named)):
         return named, ''
-    found = complete_checkpoints(work_dir)
+    paths = [osp.join(work_dir, n) for n in (os.listdir(work_dir) if osp.isdir(work_dir)
+                                             else []) if _INTERVAL_CHECKPOINT.match(n)]
+    found = sorted((int(_INTERVAL_CHECKPOINT.match(osp.basename(p)).group(1)),
+                    osp.getmtime(p), p) for p in paths
+                   if osp.isfile(p) and _is_whole_checkpoint(p))
     if not found:
         return named, ''
     why = f'{pointer} names {named!r}, which is gone' if named else f'no {pointer}'
-    return found[-1], (f'--resume: {why}; resuming from the newest complete '
-                       f'checkpoint in the work dir, {found[-1]}')
+    return found[-1][2], (f'--resume: {why}; resuming from the newest complete '
+                          f'checkpoint in the work dir, {found[-1][2]}')

@@ -1,9 +1,10 @@
-"""Parameter bookkeeping: trainable patterns, the frozen state, the breakdown
-table, and the short lists of names that messages show."""
+"""Parameter bookkeeping: trainable patterns, the state's tensors, the
+breakdown table, and the short lists of names that messages show."""
 import fnmatch
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
+import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -83,20 +84,17 @@ def set_trainable(model: nn.Module, trainable: Sequence[str],
     return changed
 
 
-def frozen_state_keys(model: nn.Module, keep: Sequence[str] = ()) -> List[str]:
-    """The state-dict keys a fine-tuning run does not change: frozen parameters
-    and the persistent buffers of modules whose parameters are all frozen
-    (e.g. Swin's relative position index), except names matching ``keep``."""
-    keys = [n for n, p in model.named_parameters()
-            if not p.requires_grad and not matches(n, keep)]
-    for module_name, module in model.named_modules():
-        params = list(module.parameters(recurse=False))
-        prefix = f'{module_name}.' if module_name else ''
-        if params and not any(p.requires_grad for p in params) \
-                and not matches(prefix, keep):
-            keys += [prefix + b for b, _ in module.named_buffers(recurse=False)
-                     if b not in module._non_persistent_buffers_set]
-    return keys
+def state_tensors(module: nn.Module) -> Dict[str, torch.Tensor]:
+    """The tensors of ``module``'s state dict (parameters and persistent
+    buffers) by key, read without calling ``state_dict()``: no state-dict
+    hook runs (a load pre-hook compares them with what comes in)."""
+    tensors = {}
+    for name, child in module.named_modules():
+        prefix = f'{name}.' if name else ''
+        tensors.update((prefix + k, v) for k, v in child._parameters.items() if v is not None)
+        tensors.update((prefix + k, v) for k, v in child._buffers.items()
+                       if v is not None and k not in child._non_persistent_buffers_set)
+    return tensors
 
 
 def frozen_norms(model: nn.Module) -> List[nn.Module]:

@@ -102,8 +102,8 @@ def test_merged_state_dict_loads_into_a_model_from_the_config(classifier):
 
 def test_a_merged_model_refuses_what_it_cannot_do(classifier):
     merged = merge_adapters(copy.deepcopy(classifier))
-    with pytest.raises(PretrainedMismatchError, match='is merged for inference; the '
-                       'checkpoint is not'):
+    with pytest.raises(PretrainedMismatchError, match='the checkpoint is not merged, and '
+                       'MoPPAVisionTransformer is merged for inference'):
         merged.load_state_dict(classifier.state_dict())
     with pytest.raises(RuntimeError, match='merged for inference.*cannot train'):
         merged.train()(torch.randn(1, 3, 32, 32), [DataSample().set_gt_label(1)],

@@ -13,7 +13,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from moppa_mm.models import full_state
+from moppa_mm.models import full_state_dict
 from moppa_mm.operators import dct
 from tests.conftest import DEMO_CONFIG, PYTHON, REPO
 from tests.test_deploy.test_merge import SWIN, build, trained
@@ -113,8 +113,7 @@ def classifier_files(vit, tmp_path):
     config = str(tmp_path / 'vit.py')
     Config(dict(default_scope='mmpretrain', model=classifier_cfg())).dump(config)
     checkpoint = str(tmp_path / 'vit.pth')
-    with full_state(vit.classifier):
-        torch.save({'state_dict': vit.classifier.state_dict()}, checkpoint)
+    torch.save({'state_dict': full_state_dict(vit.classifier)}, checkpoint)
     return config, checkpoint
 
 
@@ -154,11 +153,9 @@ def test_the_cli_exports_a_classifier_from_an_adapter_only_checkpoint(tmp_path):
     torch.manual_seed(0)
     base = build(classifier_cfg(), 'mmpretrain')
     pretrained = str(tmp_path / 'vit_base.pth')
-    with full_state(base):
-        torch.save({'state_dict': {k: v for k, v in base.state_dict().items()
-                                   if k.startswith('backbone.') and '.moppa.' not in k
-                                   and 'ssf_' not in k and 'extra_state' not in k}},
-                   pretrained)
+    torch.save({'state_dict': {k: v for k, v in full_state_dict(base).items()
+                               if k.startswith('backbone.') and '.moppa.' not in k
+                               and 'ssf_' not in k and 'extra_state' not in k}}, pretrained)
     model = trained(build(classifier_cfg(pretrained), 'mmpretrain'))
     model.init_weights()
     checkpoint = str(tmp_path / 'adapter.pth')
@@ -191,8 +188,7 @@ def test_the_cli_exports_a_detectors_swin_backbone(tmp_path):
     cfg.dump(config)
     detector = trained(build(cfg.model, 'mmdet'))
     checkpoint = str(tmp_path / 'detector.pth')
-    with full_state(detector):
-        torch.save({'state_dict': detector.state_dict()}, checkpoint)
+    torch.save({'state_dict': full_state_dict(detector)}, checkpoint)
     output = str(tmp_path / 'backbone.onnx')
     stdout = run_tool(config, checkpoint, '--output-file', output, '--shape', '64', '96',
                       '--exporter', 'torchscript', '--opset', '11', '--verify')

@@ -9,8 +9,8 @@ from mmpretrain.models.backbones import VisionTransformer
 from moppa_mm.models import MoPPAVisionTransformer
 from moppa_mm.models.converters import (SourceFormatError, convert, jax_vit_to_mmpretrain,
                                         mae_to_mmpretrain, mocov3_to_mmpretrain, save_backbone)
-from moppa_mm.utils.checkpoints import NonFiniteCheckpointError
-from moppa_mm.models import full_state
+from moppa_mm.utils.checkpoints import CheckpointLoadError
+from moppa_mm.models import full_state_dict
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 TINY = dict(arch=ARCH, img_size=32, patch_size=8)
@@ -164,8 +164,7 @@ def test_mocov3_checkpoint(tmp_path):
     model = MoPPAVisionTransformer(**TINY, init_cfg=dict(
         type='Pretrained', checkpoint=out, prefix='backbone.'))
     model.init_weights()
-    with full_state(model):  # the base came from a file: saved adapter-only
-        state = model.state_dict()
+    state = full_state_dict(model)
     for key, value in reference.items():
         torch.testing.assert_close(state[key], value, msg=key)
 
@@ -215,5 +214,5 @@ def test_non_finite_source_is_refused(tmp_path):
     npz = to_jax(reference_vit())
     npz['embedding/bias'][1] = np.nan
     np.savez(tmp_path / 'ViT.npz', **npz)
-    with pytest.raises(NonFiniteCheckpointError, match=r"ViT\.npz' .*embedding/bias \(1 of 32\)"):
+    with pytest.raises(CheckpointLoadError, match=r"ViT\.npz' .*embedding/bias \(1 of 32\)"):
         convert(str(tmp_path / 'ViT.npz'), 'jax')

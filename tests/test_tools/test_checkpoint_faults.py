@@ -1,7 +1,8 @@
 """Bad checkpoints stop before the first iteration, naming the file and what
 to do: NaN / infinite weights or optimizer state (every path that loads
-weights), an adapter record that cannot be read, a release not converted for
-the config, a missing ``--resume`` file.
+weights), trained tensors changed since the save (the record's digest, under
+every tool), an adapter record that cannot be read, a release not converted
+for the config, a missing ``--resume`` file.
 Run on the classification demo (generated VTAB-1K task, MAE-format ViT)."""
 import glob
 import importlib.util
@@ -16,10 +17,10 @@ from mmengine.runner import load_checkpoint
 from demo.vtab_task import prepare_cls_demo
 from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
-from moppa_mm.models.backbones.adapter_state import AdapterRecordError, encode_record
+from moppa_mm.models.backbones.adapter_state import AdapterRecordMismatchError, encode_record
 from moppa_mm.models.converters import SourceFormatError, convert, save_backbone
-from moppa_mm.utils.checkpoints import CheckpointLoadError, NonFiniteCheckpointError
-from tests.conftest import REPO
+from moppa_mm.utils.checkpoints import CheckpointLoadError
+from tests.conftest import REPO, child_env
 
 CONFIG = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')
 PRETRAINED = 'data/vtab_demo/vit_demo_mmpretrain.pth'  # the config's, relative
@@ -31,8 +32,9 @@ INIT_CFG = 'model.backbone.init_cfg.checkpoint'
 def demo(tmp_path_factory):
     """The demo's task and checkpoints in a fresh folder (the config's paths
     are relative to it): the converted pre-trained ViT, a copy with one NaN,
-    and an adapter-only fine-tuned checkpoint (adapters + head, as
-    ``AdapterCheckpointHook`` saves it) with one NaN in a MoPPA tensor."""
+    an adapter-only fine-tuned checkpoint (adapters + head) with one NaN in a
+    MoPPA tensor, and the model's own adapter-only checkpoint (with its
+    digest) whose head changed after the save."""
     root = tmp_path_factory.mktemp('cls_demo')
     paths = prepare_cls_demo(str(root / 'data/vtab_demo'))
     save_backbone(convert(paths['mae_checkpoint'], 'mae'), str(root / PRETRAINED), 'mae')
@@ -49,6 +51,9 @@ def demo(tmp_path_factory):
     adapters[moppa_key].view(-1)[0] = float('nan')
     torch.save({'state_dict': adapters, 'meta': {'adapter_only': True}},
                root / 'nan_adapter.pth')
+    state = model.state_dict()  # as every tool saves it: adapter-only, with the digest
+    state['head.layers.head.weight'].view(-1)[:4] += 0.25  # a disk or copy error
+    torch.save({'state_dict': state, 'meta': {}}, root / 'damaged_adapter.pth')
     return dict(root=root, moppa_key=moppa_key)
 
 
@@ -66,7 +71,7 @@ def build_model(cfg):
 
 
 def test_test_tool_refuses_nan_adapter_checkpoint(in_demo):
-    with pytest.raises(NonFiniteCheckpointError) as error:
+    with pytest.raises(CheckpointLoadError) as error:
         run_tool('test', [CONFIG, 'nan_adapter.pth', '--work-dir', 'work'])
     text = str(error.value)
     assert "to test (CHECKPOINT argument, load_from) = 'nan_adapter.pth'" in text, text
@@ -78,7 +83,7 @@ def test_tools_refuse_nan_pretrained_checkpoint(in_demo, mode):
     args = [CONFIG, '--cfg-options', f'{INIT_CFG}=nan_pretrained.pth', '--work-dir', 'work']
     if mode == 'test':
         args.insert(1, PRETRAINED)  # any checkpoint: the pre-trained one is checked too
-    with pytest.raises(NonFiniteCheckpointError,
+    with pytest.raises(CheckpointLoadError,
                        match=rf"{INIT_CFG} = 'nan_pretrained.pth' holds NaN or infinite "
                              r"values in 1 tensor: state_dict\.backbone\.layers\.1\.attn\."
                              r"qkv\.bias \(1 of 96\)"):
@@ -98,7 +103,7 @@ def test_resume_refuses_non_finite_optimizer_state(in_demo, tmp_path, resume):
     else:  # --resume alone: the latest checkpoint of the work dir
         (tmp_path / 'last_checkpoint').write_text(path)
         args, how = ['--resume'], r'\(--resume: the latest in work_dir\)'
-    with pytest.raises(NonFiniteCheckpointError,
+    with pytest.raises(CheckpointLoadError,
                        match=rf"to resume from {how} = .*epoch_3\.pth' .*"
                              r"optimizer\.state\.0\.exp_avg_sq \(3 of 3\)"):
         run_tool('train', [CONFIG, *args, '--work-dir', str(tmp_path)])
@@ -115,13 +120,40 @@ def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
     """mmdet's and mmpretrain's own tools and APIs load through mmengine, not
     through our tools: the MoPPA backbone's state-dict check stops them."""
     cfg = load_config(CONFIG, cfg_options={INIT_CFG: 'nan_pretrained.pth'})
-    with pytest.raises(NonFiniteCheckpointError,
-                       match=r"from 'nan_pretrained.pth' holds NaN .*layers\.1\.attn\.qkv\.bias"):
+    with pytest.raises(CheckpointLoadError,
+                       match=r"'nan_pretrained.pth': MoPPAVisionTransformer: the checkpoint "
+                       r'holds NaN .*layers\.1\.attn\.qkv\.bias'):
         build_model(cfg).init_weights()  # mmengine's Pretrained init
     model = build_model(load_config(CONFIG))
     moppa_key = in_demo['moppa_key'][len('backbone.'):]
-    with pytest.raises(NonFiniteCheckpointError, match=rf'{moppa_key} \(1 of '):
+    with pytest.raises(CheckpointLoadError, match=rf'{moppa_key} \(1 of '):
         load_checkpoint(model, 'nan_adapter.pth')  # what the Runner calls
+
+
+DAMAGED = (r"MoPPAVisionTransformer: the checkpoint is damaged: its trained tensors \(the "
+           r'adapters and the tensors around the backbone\) do not match the digest')
+
+
+@pytest.mark.parametrize('how', ['test', 'load_from', 'resume'])
+def test_our_tools_refuse_damaged_trained_tensors(in_demo, how):
+    args = {'test': ['test', [CONFIG, 'damaged_adapter.pth']],
+            'load_from': ['train', [CONFIG, '--cfg-options', 'load_from=damaged_adapter.pth']],
+            'resume': ['train', [CONFIG, '--resume', 'damaged_adapter.pth']]}[how]
+    with pytest.raises(CheckpointLoadError, match=DAMAGED):
+        run_tool(args[0], args[1] + ['--work-dir', f'work_{how}'])
+
+
+def test_mmpretrains_own_test_tool_refuses_damaged_trained_tensors(in_demo):
+    """Once: exit 0, top-1 41.7 instead of 33.3. The model's own check stops
+    mmpretrain's tools/test.py too."""
+    import subprocess
+    import sys
+    tool = osp.join(osp.dirname(__import__('mmpretrain').__file__), '.mim/tools/test.py')
+    result = subprocess.run([sys.executable, tool, CONFIG, 'damaged_adapter.pth',
+                             '--work-dir', 'work_upstream'], cwd=in_demo['root'],
+                            env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert re.search(DAMAGED, result.stderr), result.stderr[-3000:]
 
 
 def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in_demo):
@@ -139,9 +171,10 @@ def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in
     problem = (r"MoPPAVisionTransformer: the checkpoint: its adapter record \(key "
                r"'backbone._extra_state'\) has format 'moppa_mm.adapter/0'; this version "
                r"of moppa_mm reads 'moppa_mm.adapter/1'")
-    with pytest.raises(AdapterRecordError, match=rf'{problem}.*strict_adapter_record=False'):
+    with pytest.raises(AdapterRecordMismatchError,
+                       match=rf'{problem}.*strict_adapter_record=False'):
         run_tool('test', [CONFIG, 'other_format.pth', '--work-dir', 'refused'])
-    with pytest.raises(AdapterRecordError, match=problem):
+    with pytest.raises(AdapterRecordMismatchError, match=problem):
         load_checkpoint(build_model(load_config(CONFIG)), 'other_format.pth')
     run_tool('test', [CONFIG, 'other_format.pth', '--work-dir', 'tested', '--cfg-options',
                       'model.backbone.strict_adapter_record=False'])
@@ -154,7 +187,7 @@ def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in
 
 def test_publish_refuses_nan_checkpoint(in_demo):
     publish_model = load_tool('tools/model_converters/publish_model.py')
-    with pytest.raises(NonFiniteCheckpointError, match="publish 'nan_adapter.pth'"):
+    with pytest.raises(CheckpointLoadError, match="publish 'nan_adapter.pth'"):
         publish_model.publish('nan_adapter.pth', 'published.pth')
     assert not osp.exists('published.pth') and not osp.exists('published.tmp.pth')
 
@@ -202,7 +235,7 @@ def test_visualize_tool_refuses_nan_checkpoint(in_demo, monkeypatch):
     visualize = load_tool('tools/analysis/visualize_moppa.py')
     monkeypatch.setattr('sys.argv', ['visualize_moppa.py', CONFIG, 'nan_adapter.pth',
                                      '--out-dir', 'maps'])
-    with pytest.raises(NonFiniteCheckpointError, match="'nan_adapter.pth' holds NaN"):
+    with pytest.raises(CheckpointLoadError, match="'nan_adapter.pth' holds NaN"):
         visualize.main()
 
 
@@ -223,8 +256,9 @@ def test_detector_refuses_nan_official_swin_release(shapes_data, tmp_path):
     torch.save(release, nan_release)
     cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work')
     cfg.model.backbone.init_cfg.checkpoint = nan_release
-    with pytest.raises(NonFiniteCheckpointError, match=rf"'{nan_release}' .*model\.{key} \(1 of"):
+    with pytest.raises(CheckpointLoadError, match=rf"'{nan_release}' .*model\.{key} \(1 of"):
         check_config(cfg, mode='train')
     init_default_scope('mmdet')
-    with pytest.raises(NonFiniteCheckpointError, match=rf"from '{nan_release}' holds NaN"):
+    with pytest.raises(CheckpointLoadError, match=rf"'{nan_release}': MoPPASwinTransformer: "
+                       'the checkpoint holds NaN'):
         MODELS.build(cfg.model)

@@ -7,7 +7,8 @@
 Keeps the weights and ``meta`` (without the random states), drops the optimizer
 state, the message hub and the scheduler states, and writes
 ``<out>-<first 8 hex digits of the sha256>.pth``. The result loads with
-``torch.load(weights_only=True)``.
+``torch.load(weights_only=True)``. A MoPPA checkpoint whose tensors no longer
+match the digest its adapter record took when it was saved is refused (damaged).
 
 An adapter-only checkpoint stays adapter-only (megabytes; its adapter record
 names the pre-trained backbone it was trained on, with a fingerprint; it loads
@@ -31,7 +32,8 @@ import os.path as osp
 import torch
 
 import moppa_mm  # noqa: F401  registries
-from moppa_mm.models import full_state
+from moppa_mm.models import full_state_dict
+from moppa_mm.models.backbones.adapter_state import RECORD_KEY, decode_record, stored_problems
 from moppa_mm.utils.atomic import atomic_write
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 from moppa_mm.utils.errors import MoPPAInputError, show_traceback, stop
@@ -45,7 +47,7 @@ def merged_state_dict(checkpoint: dict, config: str = None,
                       merge_adapters: bool = False) -> dict:
     """The whole model's state dict: the model built from the config (its
     backbone loads the pre-trained base ``init_cfg`` names), the checkpoint
-    loaded, saved with :func:`moppa_mm.models.full_state`; with
+    loaded, saved with :func:`moppa_mm.models.full_state_dict`; with
     ``merge_adapters``, the adapters folded in after the load
     (:func:`moppa_mm.merge_adapters`)."""
     from mmengine.config import Config
@@ -62,8 +64,7 @@ def merged_state_dict(checkpoint: dict, config: str = None,
     _load_checkpoint_to_model(model, checkpoint, strict=True)
     if merge_adapters:
         moppa_mm.merge_adapters(model)
-    with full_state(model):
-        return model.state_dict()
+    return full_state_dict(model)
 
 
 def publish(in_file: str, out_file: str, merge_base: bool = False,
@@ -72,6 +73,12 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
     checkpoint = load_checkpoint_file(in_file, what='checkpoint to publish')
     if 'state_dict' not in checkpoint:
         raise KeyError(f'{in_file!r} has no state_dict: not an mmengine checkpoint')
+    state = checkpoint['state_dict']
+    for key in [k for k, v in state.items() if k.endswith(RECORD_KEY) and decode_record(v)]:
+        _, problems = stored_problems(state, key[:-len(RECORD_KEY)],
+                                      f'checkpoint to publish {in_file!r}')
+        if problems:  # a MoPPA record whose digest the tensors no longer match
+            raise problems[0]
     for key in DROPPED:
         checkpoint.pop(key, None)
     meta = checkpoint.setdefault('meta', {})

@@ -1,37 +1,49 @@
-"""What the MoPPA backbones share. Each job has its own piece:
+"""What the MoPPA backbones share: :class:`AdapterMixin`, the build and
+checkpoint contract (units' options: :class:`MoPPAConfig`; the route loss:
+:class:`.route_loss.RouteLossMixin`).
 
-* :class:`MoPPAConfig` (``moppa_mm.models.moppa_config``): the units' options;
-* :class:`.adapter_state.AdapterStateMixin`: what the state dict holds and
-  accepts (adapter-only saving, the adapter record, checks on load);
-* :class:`.route_loss.RouteLossMixin`: the route regularisation;
-* :class:`AdapterMixin` (here): the build contract that ties them together:
-  freezing, loading the pre-trained base the config names when the model is
-  built (or merging, with ``merged=True``), re-initialising the adapters after
-  the base class's ``init_weights``, switching the adapters off, keeping frozen
-  batch norms in eval mode, the checks before a training forward (a frozen
-  base that is still random; the scale floors), and the parameter table.
+* **Build**: freezing; the base ``init_cfg`` names loaded in ``__init__`` (as
+  mmpretrain's ``LoRAModel``), or merging (``merged=True``); the adapters'
+  init; frozen norms in eval mode; the checks before a training forward; the
+  parameter table.
+* **Save**: the backbone's own ``state_dict()`` is whole (its base classes
+  read it: mmdet's Swin resizes its position-bias tables against it) with the
+  adapter record; the model holding it saves adapter-only where
+  :attr:`AdapterMixin.saves_adapters_only` (:mod:`.model_hooks`);
+  :func:`full_state_dict` and :func:`adapter_state_dict` give either state.
+* **Load**, three files in order: the model's load pre-hook
+  (:func:`.model_hooks.check_load`; :meth:`AdapterMixin._check_load_alone`
+  for the backbone alone) -> :meth:`AdapterMixin.load_checked` ->
+  :func:`.adapter_state.checkpoint_problems`; then the load gets what it
+  lacks (the model's own base for an adapter-only checkpoint). It opens
+  nothing and changes no module's structure.
 """
+import logging
 import os.path as osp
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
+import torch.nn as nn
 from mmengine.config import ConfigDict
 from mmengine.logging import print_log
+from torch.nn.modules.module import register_module_module_registration_hook
 
+from moppa_mm.operators import MoPPAUnit, moppa_units
 from moppa_mm.operators.tracing import is_capturing
-from moppa_mm.utils.checkpoints import check_archive, load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
-from moppa_mm.operators import moppa_units
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
 from ..moppa_config import MoPPAConfig
-from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
-from .optimizer_check import watch_first_step, waiting_check
-from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS,  # noqa: F401
-                            AdapterRecordMismatchError, AdapterStateMixin, _is_url,
-                            PretrainedMismatchError, full_state, is_adapter_key,
+from . import model_hooks
+from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
+                            AdapterRecordMismatchError, PretrainedMismatchError,
+                            _as_recorded, base_fingerprint, checkpoint_problems,
+                            decode_record, encode_record, frozen_base_keys,
+                            is_adapter_key,
                             read_adapter_record)
+from .optimizer_check import watch_first_step, waiting_check
 from .route_loss import RouteLossMixin
 
 
@@ -53,25 +65,36 @@ class NoPretrainedBaseError(MoPPAInputError, RuntimeError):
     still the random one it was built with."""
 
 
-class AdapterMixin(AdapterStateMixin, RouteLossMixin):
+class AdapterMixin(RouteLossMixin):
     """Mixed into a backbone subclass (before the base class).
 
     A subclass calls :meth:`_pop_adapter_args` before the base ``__init__``,
-    adds its adapters after it, then :meth:`_finish_build`. It sets
-    ``ADAPTER_TYPES`` (modules with ``enabled`` and ``reset_parameters``) and
-    ``PRETRAINED_LABEL``, the name of the frozen rest in the parameter table.
+    adds its adapters after it, then :meth:`_finish_build` and
+    :meth:`_build_base`; it provides :meth:`arch_record` and
+    :meth:`adapter_options` and sets the class attributes below.
+    ``params_not_in_base`` (patterns, set before :meth:`_finish_build`) are
+    base-class parameters no pre-trained base has (mmpretrain ViT's ``ln2``
+    under ``out_type='avg_featmap'``): they train and are saved with the
+    adapters, and a base may lack them.
 
     Args of the backbones:
-        random_base (bool): The frozen base is random on purpose (benchmarks
-            that time training steps, tests of the adapters' mechanics). With
-            ``freeze_pretrained=True`` and no pre-trained base in the model
-            (none loaded from ``init_cfg`` when built, nor by a checkpoint
-            since), the first training forward stops otherwise
+        strict_adapter_record (bool): Stop when a checkpoint's record
+            disagrees, cannot be read or is absent, or the model around the
+            backbone differs (default); False warns (a new task from trained
+            adapters, a checkpoint checked by other means).
+        random_base (bool): The frozen base is random on purpose (benchmarks,
+            tests); otherwise training on a random frozen base stops
             (:class:`NoPretrainedBaseError`). Defaults to False.
     """
 
-    ADAPTER_TYPES: Tuple[type, ...] = ()
-    PRETRAINED_LABEL: str = 'pre-trained backbone'
+    ADAPTER_TYPES: Tuple[type, ...] = ()  # modules with enabled, reset_parameters
+    PRETRAINED_LABEL: str = 'pre-trained backbone'  # the rest, in the parameter table
+    PRETRAINED_MAY_LACK: Tuple[str, ...] = ()  # base parameters releases lack
+    RESIZES_FREQUENCY_MAPS: bool = False  # the units' grid follows the image size
+    RECORD_MAY_DIFFER: Tuple[str, ...] = ()  # record keys that may differ (image grid)
+    FINGERPRINT_SKIPS: Tuple[str, ...] = ()  # base keys resized on load
+    params_not_in_base: Tuple[str, ...] = ()
+    merged: bool = False  # adapters folded in for inference (merge_adapters)
 
     @staticmethod
     def _pop_adapter_args(moppa_cfg: Optional[Any], kwargs: dict) -> MoPPAConfig:
@@ -84,26 +107,29 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,
                       random_base: bool = False) -> None:
-        """Call after the adapters are added (then :meth:`_build_base`)."""
+        """Call after the adapters are added (then :meth:`_build_base`); the
+        load check goes after the base classes' own load pre-hooks (mmpretrain's
+        ViT resizes ``pos_embed`` in one)."""
         self.freeze_pretrained = freeze_pretrained
         self.random_base = random_base
+        self.strict_adapter_record = strict_adapter_record
+        # the pre-trained base in the model: {'checkpoint', 'prefix',
+        # 'fingerprint'}; None while the base is as built (random)
+        self._base: Optional[Dict[str, Optional[str]]] = None
         if freeze_pretrained:
-            set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.fresh_params))
+            set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.params_not_in_base))
             watch_first_step(self)  # the adapters' lr (.optimizer_check)
         # the scale & shift layers, found once (a plain list: deepcopy remaps it)
         self._scale_shifts = [m for m in self.modules() if isinstance(m, ScaleShift)]
         self.register_forward_pre_hook(self._check_before_training)
         self._init_route_loss(route_loss_weight, route_schedule)
-        self._init_adapter_state(strict_adapter_record)
+        self._register_load_state_dict_pre_hook(self._check_load_alone)
 
     def _build_base(self, merged: bool) -> None:
-        """The last step of ``__init__``. The pre-trained base that ``init_cfg``
-        names is loaded now (:meth:`init_weights`, as mmpretrain's ``LoRAModel``
-        does), so that every later load (``runner.test()``, ``init_detector``,
-        ``get_model``) finds it there; a file that is missing is a warning.
-        With ``merged=True`` the adapters are folded in instead
-        (:meth:`merge_adapters`): the model then takes a merged checkpoint,
-        which holds the whole backbone."""
+        """The last step of ``__init__``: the base ``init_cfg`` names is loaded
+        now (:meth:`init_weights`), so that every later load (``runner.test()``,
+        ``init_detector``, ``get_model``) finds it; a missing file is a
+        warning. ``merged=True`` folds the adapters in instead."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -117,45 +143,76 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         checkpoint, _ = self.configured_base()
         if checkpoint is None:
             return
-        if not _is_url(checkpoint) and not osp.isfile(checkpoint):
+        if '://' not in checkpoint and not osp.isfile(checkpoint):
             print_log(f'{type(self).__name__}: the pre-trained base '
                       f'model.backbone.init_cfg.checkpoint = {checkpoint!r} does not '
                       'exist: the frozen backbone stays random, an adapter-only '
                       'checkpoint will not load into this model, and training stops '
                       'unless a checkpoint with the base is loaded first',
-                      logger='current', level=30)
+                      logger='current', level=logging.WARNING)
             return
         self.init_weights()
-        # mmengine's init_weights() of the model around it skips a child already
-        # initialised, after applying its own init_cfg to every submodule (e.g.
-        # mmpretrain's TruncNormal on every Linear): let it call ours, which
-        # checks that the base is still the one loaded here
+        # mmengine's init_weights() of the model around it applies its init_cfg
+        # (mmpretrain's TruncNormal on every Linear) to every submodule, then a
+        # child's own init_weights while it is not initialised: ours reloads
         self._is_init = False
 
+    # ------------------------------------------------------------ the base
     @property
-    def moppa_cfg(self) -> Dict[str, Any]:
-        """The units' options as a dict (``moppa_config`` holds them)."""
-        return self.moppa_config.to_dict()
+    def pretrained_base(self) -> Optional[Dict[str, Optional[str]]]:
+        """The pre-trained base in the model (``checkpoint``, ``prefix``,
+        ``fingerprint``), None while it is as built (random)."""
+        return dict(self._base) if self._base else None
 
-    def _check_before_training(self, module, args) -> None:
-        """Before a forward that will need gradients: a frozen base must be a
-        pre-trained one (:meth:`check_base_for_training`, in training mode),
-        and the fused scale & shift layers' scale floors hold, all checked at
-        once (one device read-back per optimizer step instead of one per
-        layer)."""
-        if not torch.is_grad_enabled() or is_capturing():
-            return
-        if self.training:
-            self.check_base_for_training()
-        if self._scale_shifts:
-            check_scale_floors(self._scale_shifts)
+    def configured_base(self) -> Tuple[Optional[str], Optional[str]]:
+        """``(checkpoint, prefix)`` of the ``Pretrained`` ``init_cfg``;
+        ``(None, None)`` when the config names no pre-trained base."""
+        init_cfg = self.init_cfg if isinstance(self.init_cfg, dict) else {}
+        if init_cfg.get('type') != 'Pretrained' or not init_cfg.get('checkpoint'):
+            return None, None
+        return init_cfg['checkpoint'], init_cfg.get('prefix')
+
+    def init_weights(self) -> None:
+        """The base ``init_cfg`` names, loaded (again: the model around may
+        have initialised it over; a local file gone since leaves it as it is),
+        or the base classes' init without one; then the adapters' init. Logs
+        the parameter table when the base comes."""
+        self._refuse_if_merged('cannot be initialised again')
+        checkpoint, prefix = self.configured_base()
+        came = self._base is None
+        if checkpoint is None:
+            super().init_weights()
+            self._base = None
+        elif came or '://' in checkpoint or osp.isfile(checkpoint):
+            self._load_base(checkpoint, prefix)
+        for module in self._adapters():
+            module.reset_parameters()
+        if came:
+            print_log('\n' + self.parameter_report(), logger='current')
+        self._is_init = True
+
+    def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
+        """The base classes' ``Pretrained`` init (their loaders, conversions),
+        checked like every load; errors name the file, an unconverted release
+        its converter command."""
+        what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
+        self._is_init = False  # mmengine's Pretrained init runs once otherwise
+        self._base = None
+        try:
+            with naming_checkpoint(checkpoint, what):
+                super().init_weights()
+        except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
+            if 'is not in the pretrained model' in str(error) and prefix \
+                    and osp.isfile(checkpoint):
+                check_converted(checkpoint, load_checkpoint_file(checkpoint, what), prefix)
+            raise
+        if self._base is not None:  # the load names no file: this is where it came from
+            self._base.update(checkpoint=_as_recorded(checkpoint), prefix=prefix)
 
     def check_base_for_training(self) -> None:
-        """Raise :class:`NoPretrainedBaseError` when the adapters would train
-        on a frozen base that is still random: ``freeze_pretrained=True``, no
-        pre-trained base in the model (none loaded from ``init_cfg`` when the
-        backbone was built, nor by a checkpoint since: a whole-model one,
-        ``load_from``, a resume) and not ``random_base=True``."""
+        """Raise :class:`NoPretrainedBaseError` where the adapters would train
+        on a frozen base that is still random (none from ``init_cfg``, nor from
+        a checkpoint since) and not ``random_base=True``."""
         if self._base is not None or not self.freeze_pretrained or self.random_base \
                 or self.merged:
             return
@@ -178,6 +235,117 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             'model.backbone.freeze_pretrained=False. (A random frozen base on '
             'purpose, as in benchmarks: model.backbone.random_base=True.)')
 
+    # -------------------------------------------------------------- record
+    def arch_record(self) -> Dict[str, Any]:
+        """The base architecture (dims, depths, heads, patch, window...)."""
+        raise NotImplementedError
+
+    def adapter_options(self) -> Dict[str, Any]:
+        """The adapters' switches and shapes (``use_*``, heads, scope, grid...)."""
+        raise NotImplementedError
+
+    def adapter_record(self) -> Dict[str, Any]:
+        """How this backbone's adapters were built, and on which base: what
+        every checkpoint records and what loading compares."""
+        record = dict(
+            format=RECORD_FORMAT, backbone=type(self).__name__,
+            arch=self.arch_record(), adapters=self.adapter_options(),
+            moppa_cfg=self.moppa_config.to_dict() if any(
+                isinstance(m, MoPPAUnit) for m in self.modules()) else None,
+            base=dict(self._base) if self._base else None)
+        if self.merged:  # the weights hold the adapters: a whole, other model
+            record['merged'] = True
+        return record
+
+    def get_extra_state(self) -> torch.Tensor:
+        return encode_record(self.adapter_record())
+
+    def set_extra_state(self, state: Any) -> None:
+        """The record was checked before any tensor was copied
+        (:meth:`load_checked`); nothing to restore from it."""
+
+    @property
+    def saves_adapters_only(self) -> bool:
+        """Whether the model holding the backbone saves it adapter-only
+        (:func:`~.adapter_state.frozen_base_keys` left out): a frozen base the
+        config names (``freeze_pretrained=True``, a ``Pretrained``
+        ``init_cfg``), unmerged."""
+        return self.freeze_pretrained and not self.merged and \
+            self.configured_base()[0] is not None
+
+    # ------------------------------------------------------------- loading
+    def _check_load_alone(self, state_dict, prefix: str, *args) -> None:
+        """Load pre-hook: a load that starts here (``prefix`` empty: the
+        backbone alone, as its base at build) is checked here; one through the
+        model holding it was checked there (:func:`.model_hooks.check_load`)."""
+        if not prefix:
+            self.load_checked(state_dict, '', '')
+
+    def load_checked(self, state_dict: Dict[str, Any], prefix: str, inside: str,
+                     around: Optional[Mapping[str, torch.Tensor]] = None) -> None:
+        """Check what comes in (:func:`~.adapter_state.checkpoint_problems`):
+        stop, or warn where ``strict_adapter_record=False`` allows; then give
+        the load what it lacks of the model (its base for an adapter-only
+        checkpoint, its adapters for a base; heads of another shape keep
+        theirs) and note the base that came.
+
+        Args:
+            state_dict: What the load got; keys under ``prefix`` are the model's.
+            prefix: The model's prefix in ``state_dict``.
+            inside: The backbone's prefix within the model (``''`` alone).
+            around: The model's other tensors, None for the backbone alone.
+        """
+        state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        for problem in checkpoint_problems(state, self, inside, around,
+                                           f'{type(self).__name__}: the checkpoint'):
+            if not isinstance(problem, AdapterRecordMismatchError):
+                raise problem
+            if self.strict_adapter_record:
+                raise type(problem)(f'{problem} To load it anyway, set '
+                                    'model.backbone.strict_adapter_record=False.') from None
+            print_log(f'{problem} (strict_adapter_record=False: loading anyway)',
+                      logger='current', level=logging.WARNING)
+        incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
+        record = decode_record(incoming.pop(RECORD_KEY, None))
+        own = self.state_dict()
+        own.pop(RECORD_KEY)
+        base = frozen_base_keys(incoming, '', self.params_not_in_base)
+        if self.merged:
+            self._base = dict(record['base']) if record and record.get('base') else None
+        elif not any(is_adapter_key(k) for k in incoming):  # a pre-trained base
+            self._base = dict(checkpoint=None, prefix=None,
+                              fingerprint=base_fingerprint(self, incoming))
+        elif base:  # a self-contained checkpoint: its base is the model's now
+            recorded = (record or {}).get('base') or {}
+            self._base = dict(checkpoint=recorded.get('checkpoint'),
+                              prefix=recorded.get('prefix'),
+                              fingerprint=base_fingerprint(self, incoming))
+        for key, value in own.items():  # the rest keeps what the model has: no
+            state_dict.setdefault(prefix + inside + key, value)  # missing-key noise
+        for key, value in (around or {}).items():  # heads of another shape start anew
+            given = state_dict.get(prefix + key)
+            if isinstance(given, torch.Tensor) and given.shape != value.shape:
+                del state_dict[prefix + key]
+        # a strict load of a file without a record must not miss it
+        state_dict[prefix + inside + RECORD_KEY] = self.get_extra_state()
+
+    # ------------------------------------------------------------ training
+    def _check_before_training(self, module, args) -> None:
+        """Before a forward that will need gradients: a pre-trained frozen base
+        (in training mode), and the scale & shift layers' floors, all at once
+        (one device read-back per step, not one per layer)."""
+        if not torch.is_grad_enabled() or is_capturing():
+            return
+        if self.training:
+            self.check_base_for_training()
+        if self._scale_shifts:
+            check_scale_floors(self._scale_shifts)
+
+    @property
+    def moppa_cfg(self) -> Dict[str, Any]:
+        """The units' options as a dict (``moppa_config`` holds them)."""
+        return self.moppa_config.to_dict()
+
     def _adapters(self):
         return [m for m in self.modules() if isinstance(m, self.ADAPTER_TYPES)]
 
@@ -193,108 +361,23 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             module.enabled = enabled
 
     def train(self, mode: bool = True):
-        """As the base class, and normalisation layers whose parameters are all
-        frozen stay in eval mode (batch norms' statistics are part of the
-        frozen base). Returns the module (mmpretrain's ``train`` returns None)."""
+        """As the base class; fully frozen norms stay in eval mode (their
+        statistics are the base's). Returns the module (mmpretrain's: None)."""
         super().train(mode)
         if mode:
             for norm in frozen_norms(self):
                 norm.eval()
         return self
 
-    def init_weights(self) -> None:
-        """The base classes' ``init_weights`` (the ``Pretrained`` checkpoint of
-        ``init_cfg``; without one they re-initialise every Linear), then the
-        adapters' init. Once a pre-trained base is in the model (loaded when it
-        was built, or by a checkpoint) the base is left as it is: only the
-        adapters start anew. Errors while reading the pre-trained checkpoint
-        name the file; an unconverted release (no keys under
-        ``init_cfg.prefix``) is named with its converter command. Logs the
-        parameter table with the base."""
-        self._refuse_if_merged('cannot be initialised again')
-        base_in_model = self._base is not None and not self._base_overwritten()
-        if not base_in_model:
-            # the base classes' own init reads self.state_dict() whole (mmdet's
-            # Swin resizes its position-bias tables against it)
-            full, self._full_state = self._full_state, True
-            try:
-                self._init_base_weights()
-            finally:
-                self._full_state = full
-            if self._base is not None:  # the base as it sits in the model: a file
-                # may hold keys the model has not (MAE's final norm under
-                # final_norm=False), which the recorded fingerprint counts
-                self._base_as_loaded = (self._base,
-                                        self._base_fingerprint(self._own_full_state()))
-        for module in self._adapters():
-            module.reset_parameters()
-        if not base_in_model:  # logged once: when the base came
-            print_log('\n' + self.parameter_report(), logger='current')
-        self._is_init = True
-
-    def _base_overwritten(self) -> bool:
-        """Whether the base loaded from the config's file has changed since:
-        mmengine applies the init_cfg of the model around the backbone (e.g.
-        a classifier's ``TruncNormal`` on every ``Linear``) to every submodule
-        before it calls the backbone's ``init_weights()``. Logs it; the base is
-        then loaded again from the same file."""
-        recorded = self._base.get('fingerprint') if self._base else None
-        if not recorded or not self._base.get('checkpoint'):
-            return False
-        loaded_base, as_loaded = self.__dict__.get('_base_as_loaded', (None, None))
-        if loaded_base is self._base:  # the base init_weights loaded, as it was then
-            recorded = as_loaded
-        if self._base_fingerprint(self._own_full_state()) == recorded:
-            return False
-        print_log(f'{type(self).__name__}: the pre-trained base was re-initialised '
-                  'after it was loaded (by the init_cfg of the model around the '
-                  f'backbone); loading {self._base["checkpoint"]!r} again',
-                  logger='current')
-        self._base = None
-        return True
-
-    def _init_base_weights(self) -> None:
-        checkpoint, prefix = self.configured_base()
-        if checkpoint is None:
-            super().init_weights()
-        else:
-            self._checkpoint_source, self._checkpoint_prefix = checkpoint, prefix
-            what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
-            self._is_init = False  # mmengine's Pretrained init runs once otherwise
-            try:
-                with naming_checkpoint(checkpoint, what):
-                    if osp.isfile(checkpoint):  # mmengine's loader ignores the CRCs
-                        check_archive(checkpoint, what)
-                    super().init_weights()
-            except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
-                if 'is not in the pretrained model' in str(error) and prefix \
-                        and osp.isfile(checkpoint):
-                    check_converted(checkpoint, load_checkpoint_file(checkpoint, what),
-                                    prefix)
-                raise
-            finally:
-                self._checkpoint_source = self._checkpoint_prefix = None
-
     # ----------------------------------------------------------------- merging
     def merge_adapters(self) -> 'AdapterMixin':
-        """Fold the adapters into the backbone for inference, in place; returns
-        the backbone. :func:`moppa_mm.merge_adapters` does it for a whole model.
-
-        * every scale & shift goes into the weights of the layer whose output it
-          scales (the linear layers, the patch embedding's projection), which
-          become plain ``nn.Linear`` / ``nn.Conv2d`` with new frozen tensors;
-          the scale & shift modules are gone;
-        * every MoPPA unit's filter and field become constant buffers
-          (:meth:`MoPPAUnit.merge_`); its two DCTs stay, they are the unit;
-        * the 3x3 conv adapters (Swin) stay as they are: a nonlinear branch has
-          no weights to fold into.
-
-        One-way: the merged backbone cannot train, switch its adapters off or
-        load an unmerged checkpoint. Its ``state_dict()`` is the whole model,
-        recorded as merged; it loads into a model built merged (the backbone
-        option ``merged=True``, e.g. ``--cfg-options model.backbone.merged=True``
-        for ``tools/test.py``, or ``cfg_options`` of ``init_detector``).
-        """
+        """Fold the adapters in for inference, in place; returns the backbone.
+        Every scale & shift goes into the weights of the layer whose output it
+        scales (plain ``nn.Linear`` / ``nn.Conv2d`` then); every unit's filter
+        and field become constants (:meth:`MoPPAUnit.merge_`); the Swin's 3x3
+        conv adapters stay (nothing to fold into). One-way: it cannot train or
+        load an unmerged checkpoint; its checkpoints are whole, recorded as
+        merged, and load into a model built with ``merged=True``."""
         if self.merged:
             return self
         self._check_mergeable()
@@ -325,25 +408,26 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
                                'config and load the unmerged checkpoint to train it')
 
     def extra_repr(self) -> str:
-        """The base class's, the hooks the model holding this backbone runs
-        for it (:mod:`.parent_hooks`) and the optimizer step check that waits
-        for its first step (:mod:`.optimizer_check`)."""
-        text = super().extra_repr()
-        for name, value in (('parent_hooks', self.__dict__.get('_parent_hooks')),
-                            ('optimizer_check', waiting_check(self))):
-            if value:
-                text += ('\n' if text else '') + f'{name}=({value})'
-        return text
+        """The base class's, the model's hooks for the backbone
+        (:mod:`.model_hooks`) and the waiting first-step check
+        (:mod:`.optimizer_check`)."""
+        held = self.__dict__.get('_held_as')
+        lines = [super().extra_repr()] + [f'{name}=({value})' for name, value in (
+            ('model_hooks', held and f'{held[0]}.{held[1]}: loss_route into the loss dict; '
+             'adapter-only save, record and digest; the load check'),
+            ('optimizer_check', waiting_check(self))) if value]
+        return '\n'.join(line for line in lines if line)
 
+    # --------------------------------------------------------- parameters
     def _breakdown(self) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
-        fresh = ((('fresh', tuple(self.fresh_params), 'new, no base has them'), )
-                 if self.fresh_params else ())
+        not_in_base = ((('not_in_base', tuple(self.params_not_in_base),
+                         'new, no base has them'), ) if self.params_not_in_base else ())
         if self._base is not None:
             base = self.PRETRAINED_LABEL
         else:  # as built: not pre-trained, whatever the class calls its base
             base = self.PRETRAINED_LABEL.replace('pre-trained ', '') + ', random'
             base += ' (on purpose)' if self.random_base else ' (no base loaded)'
-        return ADAPTER_GROUPS + fresh + (('pretrained', ('*', ), base), )
+        return ADAPTER_GROUPS + not_in_base + (('pretrained', ('*', ), base), )
 
     def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
         """``{kind: {'total': n, 'trainable': n}}`` for each adapter kind of
@@ -357,7 +441,64 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         return table
 
 
+def _hook_the_model(model: nn.Module, name: str, child: Optional[nn.Module]) -> None:
+    """torch's module-registration hook (every ``model.<name> = child``): a
+    MoPPA backbone hooks the model that holds it (:mod:`.model_hooks`);
+    another module in its place unhooks it."""
+    model_hooks.attach(model, name, child if isinstance(child, AdapterMixin) else None)
+
+
+register_module_module_registration_hook(_hook_the_model)
+
+
+def _moppa_backbones(model: nn.Module):
+    for name, module in model.named_modules():
+        if isinstance(module, AdapterMixin):
+            yield (f'{name}.' if name else ''), module
+
+
+def merge_adapters(model: nn.Module) -> nn.Module:
+    """Fold the adapters of every MoPPA backbone in ``model`` into its weights
+    (:meth:`AdapterMixin.merge_adapters`; outputs equal the unmerged model's
+    up to float rounding), in place; returns ``model`` in eval mode::
+
+        model = init_model(config, adapter_checkpoint)  # any loader
+        torch.save({'state_dict': merge_adapters(model).state_dict()}, 'merged.pth')
+    """
+    backbones = [backbone for _, backbone in _moppa_backbones(model)]
+    if not backbones:
+        raise ValueError(f'{type(model).__name__} holds no MoPPA backbone: nothing to merge')
+    for backbone in backbones:
+        backbone.merge_adapters()
+    return model.eval()
+
+
+def full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Every tensor of ``model``, the frozen base of its MoPPA backbones too
+    (``model.state_dict()`` leaves it out where they save adapter-only): a
+    self-contained checkpoint, for publishing or merging::
+
+        torch.save({'state_dict': full_state_dict(model)}, 'full.pth')
+    """
+    state = model.state_dict()
+    for inside, backbone in _moppa_backbones(model):
+        for key, value in backbone.state_dict().items():
+            state.setdefault(inside + key, value)
+    return state
+
+
+def adapter_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """``model``'s state dict without the frozen base of its MoPPA backbones
+    (:func:`~.adapter_state.frozen_base_keys`), whatever their config:
+    the adapters, the model's heads and neck, the records."""
+    state = model.state_dict()
+    for inside, backbone in _moppa_backbones(model):
+        for key in frozen_base_keys(state, inside, backbone.params_not_in_base):
+            del state[key]
+    return state
+
+
 __all__ = ['AdapterMixin', 'AdapterRecordMismatchError', 'PretrainedMismatchError',
-           'NoPretrainedBaseError',
-           'full_state', 'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
+           'NoPretrainedBaseError', 'full_state_dict', 'adapter_state_dict', 'merge_adapters',
+           'read_adapter_record', 'is_adapter_key', 'adapter_patterns',
            'adapter_components', 'ADAPTER_GROUPS', 'ADAPTER_PATTERNS']

@@ -160,8 +160,8 @@ class ViTAdapterMixin(AdapterMixin):
         options = dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
                        moppa_heads=[unit.num_heads for unit in units],
                        grid=list(units[0].grid_size) if units else None)
-        if self.fresh_params:  # recorded only where there are any (earlier records)
-            options['fresh_params'] = list(self.fresh_params)
+        if self.params_not_in_base:  # recorded only where there are any (earlier records)
+            options['fresh_params'] = list(self.params_not_in_base)
         return options
 
 
@@ -173,14 +173,14 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
     ``frozen_stages`` freezes the adapters inside the frozen parts too. With
     ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm of the
     pooled patch tokens, ``ln2``, which no pre-trained base has: it trains with
-    the adapters (``fresh_params``; the parameter table and the adapter record
-    name it), and a base without it loads.
+    the adapters (``params_not_in_base``; the parameter table and the adapter
+    record name it), and a base without it loads.
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
 
     @property
-    def fresh_params(self) -> Tuple[str, ...]:
+    def params_not_in_base(self) -> Tuple[str, ...]:
         """The pooled tokens' norm (MAE's fc_norm), new in fine-tuning."""
         return ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
 

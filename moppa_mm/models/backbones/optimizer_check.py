@@ -1,28 +1,20 @@
 """The adapters' learning rate, checked at the first optimizer step.
 
 A config written for a backbone that trains whole often scales the backbone's
-learning rate down (DINO and Mask2Former: ``paramwise_cfg.custom_keys=
-{'backbone': dict(lr_mult=0.1)}``). With the base frozen, such a key covers
-only the adapters, which then train at a tenth of the learning rate, silently.
-mmengine's default optimizer constructor builds the optimizer where the model
-cannot see the config, so a MoPPA backbone with a frozen base checks what it
-can see: when it is built, it registers a one-shot *global* optimizer step
-pre-hook (torch's ``torch.optim.optimizer.register_optimizer_step_pre_hook``).
-Before the first ``step()`` of an optimizer that holds its adapters, the hook
-compares their groups' learning rate (``initial_lr``, the one before any
-schedule, else ``lr``) and weight decay with the optimizer's ``defaults``,
-logs one warning where the learning rate differs (or where every adapter's
-weight decay does), and is removed after that step (torch goes through its
-global hooks during the step: a post-hook of that optimizer removes it).
-Optimizers without the adapters are passed by. The backbone's ``repr`` names
-the check while it waits (``optimizer_check=...``); the hook holds the backbone
-weakly, and the hook of a backbone that is gone is removed when the next
-backbone is built. Being torch's, it works in a plain PyTorch loop too.
-
+learning rate down (DINO, Mask2Former: ``paramwise_cfg.custom_keys=
+{'backbone': dict(lr_mult=0.1)}``); with the base frozen such a key covers only
+the adapters, which then train at a tenth of the lr, silently. mmengine's
+default constructor builds the optimizer where the model cannot see the
+config, so a backbone with a frozen base registers, when built, a one-shot
+*global* optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``;
+it works in a plain PyTorch loop too). At the first ``step()`` of an optimizer
+that holds its adapters it compares their groups' lr (``initial_lr``, before
+any schedule) and weight decay with the optimizer's ``defaults``, warns once,
+and goes after that step; optimizers without the adapters pass. The hook holds
+the backbone weakly (one of a backbone that is gone goes when the next is
+built); ``repr`` names it while it waits (``optimizer_check=...``).
 :class:`~moppa_mm.engine.optimizers.TrainableParamsOptimWrapperConstructor`
-knows the ``paramwise_cfg``: it warns when it builds the optimizer, naming the
-key and a line that restores the learning rate, and the backbone's check is
-then done.
+knows the ``paramwise_cfg``: it warns naming the key, and the check is done.
 """
 import logging
 import math
@@ -38,11 +30,7 @@ from .adapter_state import is_adapter_key
 
 WAITING = ("first step of an optimizer that holds the adapters: their lr and weight "
            "decay against the optimizer's")
-
-# backbone -> its check, while it waits; every check still among torch's hooks
-_waiting: 'weakref.WeakKeyDictionary[nn.Module, _FirstStepCheck]' = \
-    weakref.WeakKeyDictionary()
-_registered: List['_FirstStepCheck'] = []
+_checks: List['_FirstStepCheck'] = []  # every check still among torch's hooks
 
 
 class _FirstStepCheck:
@@ -57,66 +45,54 @@ class _FirstStepCheck:
     def __call__(self, optimizer: Optimizer, args, kwargs) -> None:
         backbone = self.backbone()
         if self.done or backbone is None or optimizer in self.passed:
-            return None
+            return
         held = adapter_groups(backbone, optimizer)
         if not held:
             self.passed.add(optimizer)
-            return None
+            return
         self.done = True
-        _waiting.pop(backbone, None)
-        # torch is going through its global pre-hooks: this one goes after the step
-        optimizer.register_step_post_hook(_AfterStep())
+        # torch is going through its global pre-hooks: the finished ones go after
+        # the step (a post-hook of this optimizer; inert once they are gone)
+        optimizer.register_step_post_hook(_remove_finished)
         message = adapter_lr_warning(backbone, optimizer, held)
         if message:
             print_log(message, logger='current', level=logging.WARNING)
-        return None
 
 
-class _AfterStep:
-    """A post-hook of the optimizer whose first step ran a check: removes the
-    finished checks from torch's global pre-hooks (once; inert afterwards)."""
-
-    ran = False
-
-    def __call__(self, optimizer: Optimizer, args, kwargs) -> None:
-        if not self.ran:
-            self.ran = True
-            _remove_finished()
-
-
-def _remove_finished() -> None:
+def _remove_finished(*step) -> None:
     """Remove the checks that ran or whose backbone is gone from torch's
-    global hooks: never while torch goes through them (after a step, when a
-    backbone is built, by a constructor)."""
-    for check in [c for c in _registered if c.done or c.backbone() is None]:
+    global hooks (never while torch goes through them; ``step``: the
+    optimizer, args and kwargs of a post-hook call)."""
+    for check in [c for c in _checks if c.done or c.backbone() is None]:
         check.handle.remove()
-        _registered.remove(check)
+        _checks.remove(check)
 
 
 def watch_first_step(backbone: nn.Module) -> None:
     """Register the backbone's one-shot check (when it is built)."""
     _remove_finished()
-    check = _FirstStepCheck(backbone)
-    _registered.append(check)
-    _waiting[backbone] = check
+    _checks.append(_FirstStepCheck(backbone))
+
+
+def _check_of(backbone: nn.Module) -> Optional[_FirstStepCheck]:
+    return next((c for c in _checks if c.backbone() is backbone and not c.done), None)
 
 
 def waiting_check(backbone: nn.Module) -> Optional[str]:
     """What the backbone's check waits for, None once it has run (``repr``)."""
-    return WAITING if backbone in _waiting else None
+    return WAITING if _check_of(backbone) else None
 
 
 def check_done(backbone: nn.Module) -> None:
     """The backbone's adapters were checked (by a constructor that knows the
     config): its step check goes."""
-    check = _waiting.pop(backbone, None)
+    check = _check_of(backbone)
     if check is not None:
         check.done = True
         _remove_finished()
 
 
-def adapter_groups(backbone: nn.Module,
-                   optimizer: Optimizer) -> List[Tuple[str, Dict]]:
+def adapter_groups(backbone: nn.Module, optimizer: Optimizer) -> List[Tuple[str, Dict]]:
     """``(adapter parameter name, its group)`` for the backbone's trainable
     adapters that ``optimizer`` holds."""
     names = {id(p): n for n, p in backbone.named_parameters()
@@ -133,7 +109,7 @@ def _values(values: List[float]) -> str:
 def adapter_lr_warning(backbone: nn.Module, optimizer: Optimizer,
                        held: List[Tuple[str, Dict]], cause: Optional[str] = None,
                        fix: Optional[str] = None) -> Optional[str]:
-    """The warning when the adapters in ``held`` (:func:`adapter_groups`)
+    """The warning where the adapters in ``held`` (:func:`adapter_groups`)
     train at another lr than the optimizer's (or all at another weight
     decay); None otherwise. ``cause`` and ``fix`` replace the general ones
     (a constructor that knows the ``paramwise_cfg`` names the key)."""
@@ -152,25 +128,22 @@ def adapter_lr_warning(backbone: nn.Module, optimizer: Optimizer,
         ratio = (f' ({off_lr[0] / base_lr:g} x)' if base_lr and
                  math.isclose(min(off_lr), max(off_lr)) else '')
         found.append(f'{len(off_lr)} of its {len(held)} adapter tensors train at lr '
-                     f'{_values(off_lr)}{ratio}, the optimizer\'s is {base_lr:g}')
+                     f"{_values(off_lr)}{ratio}, the optimizer's is {base_lr:g}")
     if off_wd:
         found.append(f'{"all of them" if off_lr else f"all {len(held)} of its adapter tensors"}'
-                     f' train at weight decay {_values(wds)}, the optimizer\'s is {base_wd:g}')
+                     f" train at weight decay {_values(wds)}, the optimizer's is {base_wd:g}")
     layer_wise = any('lr_scale' in group for _, group in held)
-    if cause is None:
-        cause = ("mmpretrain's layer-wise lr decay (paramwise_cfg.layer_decay_rate), "
-                 'meant for pre-trained layers, scales them' if layer_wise else
-                 "the config's paramwise_cfg sets it, e.g. custom_keys={'backbone': "
-                 "dict(lr_mult=0.1)}, written for a backbone that trains whole: with "
-                 'the base frozen (and left out of the optimizer) the key covers '
-                 'only the adapters')
-    if fix is None:
-        where = backbone.__dict__.get('_attached_name', 'backbone')
-        fix = ('paramwise_cfg.layer_decay_rate=1.0 trains every layer at the lr'
-               if layer_wise else
-               'to train them at the optimizer\'s lr, add a longer key (mmengine\'s '
-               'constructor applies the longest key that matches): paramwise_cfg='
-               f"dict(custom_keys={{'{where}.': dict(lr_mult=1.0, decay_mult=1.0)}}); "
-               "optim_wrapper.constructor='TrainableParamsOptimWrapperConstructor' "
-               'names the key')
+    where = backbone.__dict__.get('_held_as', (None, 'backbone'))[1]
+    cause = cause or (
+        "mmpretrain's layer-wise lr decay (paramwise_cfg.layer_decay_rate), meant for "
+        'pre-trained layers, scales them' if layer_wise else
+        "the config's paramwise_cfg sets it, e.g. custom_keys={'backbone': dict(lr_mult="
+        '0.1)}, written for a backbone that trains whole: with the base frozen (and left '
+        'out of the optimizer) the key covers only the adapters')
+    fix = fix or (
+        'paramwise_cfg.layer_decay_rate=1.0 trains every layer at the lr' if layer_wise else
+        "to train them at the optimizer's lr, add a longer key (mmengine's constructor "
+        'applies the longest key that matches): paramwise_cfg=dict(custom_keys='
+        f"{{'{where}.': dict(lr_mult=1.0, decay_mult=1.0)}}); optim_wrapper.constructor="
+        "'TrainableParamsOptimWrapperConstructor' names the key")
     return f'{type(backbone).__name__}: ' + '; '.join(found) + f'. Why: {cause}. Fix: {fix}.'

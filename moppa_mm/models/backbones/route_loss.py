@@ -1,26 +1,18 @@
 """The route regularisation as part of the model (paper Eqs. 12-13).
 
-``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, with ``L_reg = sum_i
-a_i log a_i`` averaged over the backbone's MoPPA units, reaches the loss dict
-of whatever model holds a MoPPA backbone (an mmdet detector, an mmpretrain
-classifier): when the backbone is assigned to its parent (``detector.backbone
-= ...``), the parent gets a forward hook that adds ``loss_route`` to the loss dict of
-every training forward (``mode='loss'``; :mod:`.parent_hooks`).
-mmengine sums every ``loss*`` key, and logs it. No runner hook is involved.
-
-``T`` and ``T_total`` come from the message hub, where mmengine's default
-``RuntimeInfoHook`` keeps ``epoch``, ``max_epochs``, ``iter`` and
-``max_iters`` while a runner trains (``loop_stage == 'train'``): the epoch
-for epoch-based loops (``max_epochs > 1``), else the iteration. In plain
-PyTorch, a model that returns a loss dict from ``forward(..., mode='loss')``
-gets it the same way; any other adds :meth:`RouteLossMixin.route_loss` to its
-loss, weighted by the progress set with
-:meth:`RouteLossMixin.set_route_progress` (``w`` until one is set).
+``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, ``L_reg = sum_i a_i log
+a_i`` averaged over the backbone's units, reaches the loss dict of the model
+that holds the backbone through a forward hook (:mod:`.model_hooks`); mmengine
+sums every ``loss*`` key and logs it. ``T`` and ``T_total`` come from the
+message hub that mmengine's ``RuntimeInfoHook`` keeps while a runner trains:
+epochs for runs of more than one, else iterations. In plain PyTorch a model
+that returns a loss dict gets it the same way; another adds
+:meth:`RouteLossMixin.route_loss` to its loss, weighted by the progress set
+with :meth:`RouteLossMixin.set_route_progress` (``w`` until one is set).
 """
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 from mmengine.logging import MessageHub
 
 from moppa_mm.operators import moppa_units, route_loss_weight, route_regularization
@@ -63,7 +55,6 @@ class RouteLossMixin:
         self.route_loss_weight = float(route_loss_weight)
         self.route_schedule = route_schedule
         self._route_progress: Optional[Tuple[float, float]] = None
-        self._route_warned = False
 
     def set_route_progress(self, progress: float, total: float) -> None:
         """For training outside an mmengine runner: ``T`` and ``T_total`` of
@@ -87,20 +78,3 @@ class RouteLossMixin:
             return None
         self._refuse_if_merged('cannot train')
         return self.current_route_weight() * route_regularization(self)
-
-    def _add_route_loss(self, name: str, parent: nn.Module, args, kwargs, output):
-        """Forward hook of the parent model (``parent.<name>`` is this
-        backbone): ``loss_route`` into its loss dict."""
-        if parent._modules.get(name) is not self:  # replaced since
-            return output
-        mode = kwargs.get('mode', args[2] if len(args) > 2 else None)
-        if mode != 'loss' or not parent.training or not isinstance(output, dict):
-            return output
-        loss = self.route_loss()
-        if loss is None:
-            return output
-        output['loss_route'] = loss
-        if MessageHub._instance_dict:
-            MessageHub.get_current_instance().update_scalar(
-                'train/route_weight', self.current_route_weight())
-        return output

@@ -7,7 +7,7 @@ from mmdet.models.backbones.swin import swin_converter
 
 from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer
-from moppa_mm.models import full_state
+from moppa_mm.models import full_state_dict
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
 from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
 
@@ -95,8 +95,7 @@ def test_official_checkpoint_through_mmdet_converter_loads(tmp_path):
         **TINY, convert_weights=True,
         init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     moppa.init_weights()
-    with full_state(moppa):  # the base came from a file: saved adapter-only
-        state = moppa.state_dict()
+    state = full_state_dict(moppa)
     for key, value in plain.state_dict().items():
         torch.testing.assert_close(state[key], value)
 

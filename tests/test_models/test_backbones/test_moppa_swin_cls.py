@@ -13,7 +13,7 @@ from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError, is_adapter_key
 from moppa_mm.models.converters import convert, save_backbone, swin_to_mmpretrain
-from moppa_mm.models import full_state
+from moppa_mm.models import full_state_dict
 
 ARCH = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4))
 TINY = dict(arch=ARCH, img_size=56, window_size=7, out_indices=(1, ))
@@ -105,8 +105,7 @@ def test_official_release_loads_through_the_swin_converter(tmp_path):
     model = MoPPASwinTransformerCls(**TINY, init_cfg=dict(
         type='Pretrained', checkpoint=path, prefix='backbone.'))
     model.init_weights()  # the state-dict check: every base parameter restored
-    with full_state(model):  # the base came from a file: saved adapter-only
-        own = model.state_dict()
+    own = full_state_dict(model)
     for key, value in plain.state_dict().items():
         torch.testing.assert_close(own[key], value, msg=key)
     # the patch-merging order too: with the adapters off, the plain Swin's output

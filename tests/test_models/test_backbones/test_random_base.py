@@ -7,7 +7,7 @@ pre-trained."""
 import pytest
 import torch
 
-from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError, full_state
+from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError, full_state_dict
 from tests.conftest import logged_messages
 from .test_explicit_modules import MODELS
 
@@ -21,9 +21,8 @@ def training_step(model, size):
 def base_file(build, tmp_path):
     """A pre-trained base under ``backbone.`` (no adapter keys), and its
     ``init_cfg``; the state dict."""
-    with full_state(build(random_base=True)) as donor:
-        state = {k: v for k, v in donor.state_dict().items()
-                 if not any(t in k for t in ('moppa', 'conv_adapter', 'ssf_', '_extra'))}
+    state = {k: v for k, v in full_state_dict(build(random_base=True)).items()
+             if not any(t in k for t in ('moppa', 'conv_adapter', 'ssf_', '_extra'))}
     path = str(tmp_path / 'base.pth')
     torch.save({'state_dict': {'backbone.' + k: v for k, v in state.items()}}, path)
     init_cfg = dict(type='Pretrained', checkpoint=path)
@@ -61,8 +60,7 @@ def test_a_base_from_init_cfg_or_a_checkpoint_lets_it_train(name, tmp_path):
     loaded = build()  # the base loaded after building: load_state_dict
     loaded.load_state_dict(state, strict=False)
     training_step(loaded, size)
-    with full_state(built_with):  # a whole-model checkpoint (load_from, resume)
-        whole = built_with.state_dict()
+    whole = full_state_dict(built_with)  # a whole-model checkpoint (load_from, resume)
     resumed = build()
     resumed.load_state_dict(whole)
     training_step(resumed, size)
