@@ -8,8 +8,8 @@
   freezing, loading the pre-trained base the config names when the model is
   built (or merging, with ``merged=True``), re-initialising the adapters after
   the base class's ``init_weights``, switching the adapters off, keeping frozen
-  batch norms in eval mode, the checks before a training forward (a frozen
-  base that is still random; the scale floors), and the parameter table.
+  batch norms in eval mode, the check before a training forward (a frozen
+  base that is still random), and the parameter table.
 """
 import os.path as osp
 from typing import Any, Dict, Optional, Tuple
@@ -24,7 +24,7 @@ from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
 from moppa_mm.operators import moppa_units
-from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
+from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import parent_hooks  # noqa: F401  (the backbones' parents get their hooks)
 from .optimizer_check import watch_first_step, waiting_check
@@ -90,8 +90,6 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.fresh_params))
             watch_first_step(self)  # the adapters' lr (.optimizer_check)
-        # the scale & shift layers, found once (a plain list: deepcopy remaps it)
-        self._scale_shifts = [m for m in self.modules() if isinstance(m, ScaleShift)]
         self.register_forward_pre_hook(self._check_before_training)
         self._init_route_loss(route_loss_weight, route_schedule)
         self._init_adapter_state(strict_adapter_record)
@@ -138,17 +136,12 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
         return self.moppa_config.to_dict()
 
     def _check_before_training(self, module, args) -> None:
-        """Before a forward that will need gradients: a frozen base must be a
-        pre-trained one (:meth:`check_base_for_training`, in training mode),
-        and the fused scale & shift layers' scale floors hold, all checked at
-        once (one device read-back per optimizer step instead of one per
-        layer)."""
+        """Before a forward that will need gradients, in training mode: a
+        frozen base must be a pre-trained one (:meth:`check_base_for_training`)."""
         if not torch.is_grad_enabled() or is_capturing():
             return
         if self.training:
             self.check_base_for_training()
-        if self._scale_shifts:
-            check_scale_floors(self._scale_shifts)
 
     def check_base_for_training(self) -> None:
         """Raise :class:`NoPretrainedBaseError` when the adapters would train
@@ -311,7 +304,6 @@ class AdapterMixin(AdapterStateMixin, RouteLossMixin):
             unit.merge_()
         for param in self.parameters():
             param.requires_grad_(False)
-        self._scale_shifts = []
         self.merged = True
         return self
 

@@ -59,15 +59,9 @@ class ViTMoPPAUnit(MoPPAUnit):
         (H, W) ``grid`` (None: :meth:`patch_grid`)."""
         if not self.enabled:
             return x
-        batch, tokens, channels = x.shape
         grid = tuple(grid) if grid is not None else \
-            self.patch_grid(tokens - self.num_extra_tokens)
-        if tokens != self.num_extra_tokens + grid[0] * grid[1]:
-            raise ValueError(f'expected (B, {self.num_extra_tokens} + {grid[0]}*{grid[1]}, '
-                             f'{channels}) tokens, got {tuple(x.shape)}')
-        extra, patches = x.split([self.num_extra_tokens, tokens - self.num_extra_tokens], dim=1)
-        patches = self(patches.reshape(batch, *grid, channels))  # (B, H, W, C), a view in
-        return torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
+            self.patch_grid(x.shape[1] - self.num_extra_tokens)
+        return self.filter_tokens(x, grid, self.num_extra_tokens)
 
 
 class MoPPAEncoderLayer(TransformerEncoderLayer):

@@ -235,10 +235,12 @@ def test_without_moppa_only_scale_shift():
 @pytest.mark.parametrize('img_size', [32, 80])  # 4x4 patches: Kronecker DCT; 10x10: separable
 @pytest.mark.parametrize('autocast', [False, True])
 def test_unit_on_tokens_equals_split_unit_concatenation(img_size, autocast):
-    """The unit's in-place sequence transforms give what splitting off the
-    class token, calling the unit and concatenating gives: values and the
-    gradients of the tokens and of every unit parameter (under bf16 autocast
-    too, where it concatenates)."""
+    """The unit on the token sequence (the class token through the identity
+    block of the Kronecker basis, or split off and joined for the separable
+    DCT) gives what splitting off the class token, calling the unit and
+    concatenating gives: values and the gradients of the tokens and of every
+    unit parameter. Under bf16 autocast the whole output is in bf16, the class
+    token too (the attention's projection would cast it)."""
     torch.manual_seed(0)
     model = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=4,
                                              feedforward_channels=64),
@@ -256,13 +258,13 @@ def test_unit_on_tokens_equals_split_unit_concatenation(img_size, autocast):
 
     def reference():
         patches = unit(x[:, 1:].reshape(2, h, w, 32)).reshape(2, -1, 32)
-        return torch.cat([x[:, :1], patches], dim=1)
+        return torch.cat([x[:, :1].to(patches.dtype), patches], dim=1)
 
     with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
         ours = unit.forward_tokens(x, (h, w))
         ref = reference()
-    assert ours.dtype == ref.dtype
-    tol = dict(atol=0, rtol=0) if autocast else {}
+    assert ours.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
+    tol = dict(atol=2e-2, rtol=2e-2) if autocast else {}
     torch.testing.assert_close(ours, ref, **tol)
     for got, want in zip(torch.autograd.grad(ours, params, grad),
                          torch.autograd.grad(ref, params, grad)):
