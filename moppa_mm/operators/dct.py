@@ -107,6 +107,15 @@ def dct_method(h: int, w: int, device: Union[str, torch.device], method: str = '
     return method
 
 
+def matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` runs in: autocast's, where it is on for
+    ``x``'s device (and ``x`` is not float64, which autocast leaves), else
+    ``x``'s."""
+    device = x.device.type
+    autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
+    return torch.get_autocast_dtype(device) if autocast else x.dtype
+
+
 def _batched(basis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``basis @ x[i]`` for each i of ``x`` (N, n, m): one ``bmm``."""
     return torch.bmm(basis.expand(x.shape[0], -1, -1), x)
@@ -129,9 +138,7 @@ def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
     batch, tokens, channels = x.shape
     if tokens != extra + h * w:
         raise ValueError(f'expected (B, {extra} + {h}*{w}, C) tokens, got {tuple(x.shape)}')
-    device = x.device
-    autocast = torch.is_autocast_enabled(device.type) and x.dtype != torch.float64
-    dtype = torch.get_autocast_dtype(device.type) if autocast else x.dtype
+    device, dtype = x.device, matmul_dtype(x)
     if dct_method(h, w, device, method) == 'kron':
         return _batched(kron_basis(h, w, inverse, device, dtype, extra), x)
     if extra:

@@ -33,7 +33,7 @@ dtype, or a switch of train / eval mode; :meth:`MoPPAUnit.clear_cache` for
 anything else, e.g. assigning ``param.data``). A compiler or exporter capturing
 the forward gets the plain computation, no cache.
 """
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -42,7 +42,7 @@ from mmengine.logging import print_log
 
 from moppa_mm.utils.errors import InputValueError
 
-from .dct import _cached, dct_frequencies, dct_method, dct_tokens
+from .dct import _cached, dct_frequencies, dct_method, dct_tokens, matmul_dtype
 from .tracing import is_capturing
 
 EXPERTS = ('heat', 'wave', 'poisson')
@@ -296,7 +296,7 @@ class MoPPAUnit(nn.Module):
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
                          flat: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
         """The fused spectral filter and additive field of Eq. 11, each (H, W, C)
-        ((H*W, C) if ``flat``): ``filter = a1 heat + a2 wave`` and ``field = a3
+        ((1, H*W, C) if ``flat``): ``filter = a1 heat + a2 wave`` and ``field = a3
         poisson``. With ``init_mode='identity'``: ``filter = 1 + g (a1 heat +
         a2 wave - 1)`` and ``field = g a3 poisson``, i.e. ``X + g (Y_Eq11 - X)``.
         """
@@ -306,8 +306,8 @@ class MoPPAUnit(nn.Module):
     def _build(self, params: Dict[str, torch.Tensor], size: Tuple[int, int], device, dtype,
                flat: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         """:meth:`filter_and_field` from ``params``: this unit's, or those of
-        units like it stacked on a leading dim (whose filters and fields come
-        out stacked the same way).
+        units like it stacked on a leading dim L (whose filters and fields come
+        out stacked the same way; ``flat``: (L, H*W, C), L = 1 for one unit's).
 
         Built in few operations (it runs every training step, and each is a
         kernel on a GPU): everything that is per frequency and head is
@@ -360,9 +360,9 @@ class MoPPAUnit(nn.Module):
             spectral_filter = torch.lerp(torch.ones((), device=device, dtype=dtype),
                                          spectral_filter, gate)
             field = field * gate
-        grid = (h * w, ) if flat else (h, w)
-        return (spectral_filter.reshape(*lead, *grid, self.embed_dims),
-                field.reshape(*lead, *grid, self.embed_dims))
+        shape = (*(lead or (1, )), h * w, self.embed_dims) if flat else \
+            (*lead, h, w, self.embed_dims)
+        return spectral_filter.reshape(shape), field.reshape(shape)
 
     def _param_state(self, *key) -> tuple:
         """Identifies the parameters' (a merged unit's buffers') current values:
@@ -464,8 +464,9 @@ class MoPPAUnit(nn.Module):
         tokens = x.reshape(-1, h * w, channels)  # (B, H*W, C)
         return self.filter_tokens(tokens, (h, w)).view(x.shape)
 
-    def filter_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int],
-                      extra: int = 0) -> torch.Tensor:
+    def filter_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int], extra: int = 0,
+                      terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                      ) -> torch.Tensor:
         """The unit on ``tokens`` (B, extra + H*W, C): the (H, W) ``grid``
         filtered (Eq. 11), the ``extra`` leading tokens (a ViT's class token)
         unchanged. Returns the same shape, in the dtype the DCTs run in.
@@ -473,30 +474,36 @@ class MoPPAUnit(nn.Module):
         A handful of kernels: the DCT (one batched matmul where the Kronecker
         basis is used, which also passes the extra tokens through), one
         multiply-add with the filter and field, the inverse DCT. The filter and
-        field are built in :meth:`filter_dtype` with autocast off and cast to
-        the spectrum's dtype: under autocast the activations are cast once, by
-        the DCT's matmul, as the attention's projection would have.
+        field are ``terms`` (made by :func:`unit_terms` for several units at
+        once), or come from the eval cache, or are built here; they are built
+        in :meth:`filter_dtype` with autocast off and cast to the spectrum's
+        dtype: under autocast the activations are cast once, by the DCT's
+        matmul, as the attention's projection would have.
         """
         self._check_tokens(tokens, grid, extra)
         if extra and dct_method(*grid, tokens.device) == 'separable':
             # the separable passes take the grid tokens alone: split and join
-            out = self.filter_tokens(tokens[:, extra:], grid)  # (B, H*W, C)
+            out = self.filter_tokens(tokens[:, extra:], grid, terms=terms)  # (B, H*W, C)
             return torch.cat([tokens[:, :extra].to(out.dtype), out], dim=1)
         spectrum = dct_tokens(tokens, grid, extra=extra)
-        spectral_filter, field = self._filter_and_field_for(spectrum, grid, extra)
+        spectral_filter, field = terms if terms is not None else \
+            self._filter_and_field_for(grid, extra, spectrum.device, spectrum.dtype)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         return dct_tokens(spectrum, grid, inverse=True, extra=extra)
 
-    def _filter_and_field_for(self, spectrum: torch.Tensor, grid: Tuple[int, int],
-                              extra: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field for the spectrum (B, extra + H*W, C) of an
-        input, (extra + H*W, C) each, in its dtype: from the eval cache (in
-        eval mode without gradients to the unit, and for a merged unit), else
-        built."""
-        cacheable = self.merged or not self.training and not (
-            torch.is_grad_enabled() and self.route_logits.requires_grad)
-        key = (tuple(grid), extra, spectrum.device, spectrum.dtype)
-        if not cacheable or is_capturing():
+    def _uses_cache(self) -> bool:
+        """Whether the filter and field come from the eval cache: in eval
+        mode without gradients to the unit, and for a merged unit; never while
+        a graph is captured."""
+        return not is_capturing() and (self.merged or not self.training and not (
+            torch.is_grad_enabled() and self.route_logits.requires_grad))
+
+    def _filter_and_field_for(self, grid: Tuple[int, int], rows: int, device: torch.device,
+                              dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The filter and field of :meth:`_spectral_terms`, from the eval cache
+        (:meth:`_uses_cache`) or built."""
+        key = (tuple(grid), rows, device, dtype)
+        if not self._uses_cache():
             return self._spectral_terms(*key)
         state = self._param_state(*key)
         if self._eval_cache is None or self._eval_cache[0] != state:
@@ -504,11 +511,14 @@ class MoPPAUnit(nn.Module):
                 self._eval_cache = (state, *self._spectral_terms(*key))
         return self._eval_cache[1], self._eval_cache[2]
 
-    def _spectral_terms(self, grid: Tuple[int, int], extra: int, device: torch.device,
-                        dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field, (extra + H*W, C) each, in ``dtype``: built in
-        :meth:`filter_dtype` (or the merged buffers), the extra tokens' rows
-        1 and 0."""
+    def _spectral_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
+                        dtype: torch.dtype, params: Optional[Dict[str, torch.Tensor]] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The filter and field, (1, rows + H*W, C) each ((L, ...) from L
+        units' ``params`` stacked, see :meth:`_build`), in ``dtype``: built in
+        :meth:`filter_dtype` or the merged buffers; the first ``rows`` rows,
+        for the extra tokens, 1 and 0. The leading 1 broadcasts against the
+        batch: the multiply-add's backward sums the batch without a reshape."""
         with torch.autocast(device.type, enabled=False):
             if self.merged:
                 if tuple(grid) != tuple(self.grid_size):
@@ -517,15 +527,16 @@ class MoPPAUnit(nn.Module):
                         f'got an input on the grid {tuple(grid)}. A merged unit holds the '
                         'filter of one grid: merge a model built for this input size '
                         '(e.g. img_size), or run the unmerged model')
-                spectral_filter = self.merged_filter.flatten(0, 1)  # (H*W, C)
-                field = self.merged_field.flatten(0, 1)
+                spectral_filter = self.merged_filter.view(1, -1, self.embed_dims)  # (1, H*W, C)
+                field = self.merged_field.view(1, -1, self.embed_dims)
             else:
                 spectral_filter, field = self.filter_and_field(
-                    grid, device, self.filter_dtype(dtype), flat=True)
+                    grid, device, self.filter_dtype(dtype), flat=True) if params is None else \
+                    self._build(params, grid, device, self.filter_dtype(dtype), flat=True)
             spectral_filter, field = spectral_filter.to(dtype), field.to(dtype)
-            if extra:
-                spectral_filter = F.pad(spectral_filter, (0, 0, extra, 0), value=1.0)
-                field = F.pad(field, (0, 0, extra, 0))
+            if rows:
+                spectral_filter = F.pad(spectral_filter, (0, 0, rows, 0), value=1.0)
+                field = F.pad(field, (0, 0, rows, 0))
         return spectral_filter, field
 
     def _check_input(self, x: torch.Tensor) -> None:
@@ -548,6 +559,56 @@ class MoPPAUnit(nn.Module):
                 f'eta={self.eta}, share_time={self.share_time}, '
                 f'resize_mode={self.resize_mode!r}, init_mode={self.init_mode!r}, '
                 f'heat_param={self.heat_param!r}' + (', merged=True' if self.merged else ''))
+
+
+class _Stack(torch.autograd.Function):
+    """``torch.stack`` whose backward hands each input its gradient with one
+    ``unbind``, where autograd's selects them one by one (an operation per
+    parameter per unit at every step)."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return torch.stack(tensors)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.unbind(0)
+
+
+def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extra: int,
+               like: torch.Tensor) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    """The filter and field each unit needs for tokens like ``like`` (B,
+    extra + H*W, C) on ``grid`` (:meth:`MoPPAUnit.filter_tokens`' ``terms``;
+    None for a unit that is None or switched off), made together: units that
+    build theirs now (training) and are alike (same class, options,
+    parameter shapes, dtypes, devices and trainability) are built in ONE set
+    of operations on their parameters stacked, where each unit would launch
+    its own; the others come from their eval caches. A backbone calls it once
+    per forward and hands each layer its unit's terms."""
+    device = like.device
+    dtype = matmul_dtype(like)
+    rows = extra if dct_method(*grid, device) == 'kron' else 0  # see filter_tokens
+    terms: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(units)
+    alike: Dict[tuple, List[int]] = {}
+    for index, unit in enumerate(units):
+        if unit is None or not getattr(unit, 'enabled', True):
+            continue
+        if unit._uses_cache():
+            terms[index] = unit._filter_and_field_for(grid, rows, device, dtype)
+            continue
+        params = unit.named_parameters(recurse=False)
+        key = (type(unit), unit.extra_repr()) + tuple(
+            (name, p.shape, p.dtype, p.device, p.requires_grad) for name, p in params)
+        alike.setdefault(key, []).append(index)
+    for indices in alike.values():
+        group = [units[index] for index in indices]
+        names = [name for name, _ in group[0].named_parameters(recurse=False)]
+        params = None if len(group) == 1 else {  # (L, ...) each
+            name: _Stack.apply(*(getattr(unit, name) for unit in group)) for name in names}
+        built = group[0]._spectral_terms(grid, rows, device, dtype, params)
+        for index, spectral_filter, field in zip(indices, *(term.split(1) for term in built)):
+            terms[index] = (spectral_filter, field)  # (1, rows + H*W, C) each
+    return terms
 
 
 def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
@@ -576,5 +637,6 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
 
 __all__ = [
     'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
+    'unit_terms',
     'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
 ]

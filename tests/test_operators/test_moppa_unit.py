@@ -306,3 +306,55 @@ def test_load_state_dict_refuses_nan_or_inf():
                                          r'32\), route_logits \(1 of'):
         unit.load_state_dict(state)
     assert torch.equal(unit.heat_coef, before)
+
+
+@pytest.mark.parametrize('options', [
+    dict(),
+    dict(init_mode='identity', heat_param='softplus', share_time=True),
+    dict(experts=('wave', 'poisson')),
+])
+@pytest.mark.parametrize('grid', [(4, 5), (6, 3)])  # the reference grid, a resized one
+def test_units_built_together_equal_each_built_alone(options, grid):
+    """``unit_terms`` builds the filters and fields of alike units in one go,
+    their parameters stacked: each unit gets what its own build gives, values
+    and gradients; a unit not alike, a None and a switched-off unit are
+    served apart; the stacked build passes gradcheck (float64, on a grid
+    that resizes the frequency maps)."""
+    from moppa_mm.operators import unit_terms
+    units = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        units.append(MoPPAUnit(6, 3, (4, 5), **options).double())
+        with torch.no_grad():
+            for p in units[-1].parameters():
+                p.uniform_(-0.5, 0.9)
+    other, off = make_unit(4, 5, 6, 3, experts=('heat', )), make_unit(4, 5, 6, 3)
+    off.enabled = False
+    units += [other, None, off]
+    tokens = torch.randn(2, 1 + grid[0] * grid[1], 6, dtype=torch.float64)
+    terms = unit_terms(units, grid, 1, tokens)
+    assert terms[4] is None and terms[5] is None
+    weights = [torch.randn(2, 1 + grid[0] * grid[1], 6, dtype=torch.float64) for _ in range(2)]
+    together = sum((term * weight).sum() for pair in terms[:4] for term, weight in zip(pair, weights))
+    params = [p for unit in units[:4] for p in unit.parameters()]
+    grads_together = torch.autograd.grad(together, params)
+    alone = [unit._filter_and_field_for(grid, 1, tokens.device, tokens.dtype)
+             for unit in units[:4]]
+    for pair, own in zip(terms, alone):
+        assert pair[0].shape == (1, 1 + grid[0] * grid[1], 6)
+        for got, want in zip(pair, own):
+            torch.testing.assert_close(got, want, atol=1e-14, rtol=0)
+    separate = sum((term * weight).sum() for pair in alone for term, weight in zip(pair, weights))
+    for got, want in zip(grads_together, torch.autograd.grad(separate, params)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    from moppa_mm.operators.moppa_unit import _Stack
+    names = [name for name, _ in units[0].named_parameters()]
+
+    def build(*flat):  # the stacked build, of the three units' parameters
+        params = {name: _Stack.apply(*flat[i::len(names)]) for i, name in enumerate(names)}
+        return units[0]._spectral_terms(grid, 1, tokens.device, tokens.dtype, params)
+
+    if grid != units[0].grid_size:  # once per option set, through the resizing
+        flat = [p.detach().clone().requires_grad_(True) for unit in units[:3]
+                for p in unit.parameters()]
+        assert torch.autograd.gradcheck(build, flat)

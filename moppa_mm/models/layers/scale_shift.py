@@ -70,9 +70,11 @@ class _LinearScaleShift(torch.autograd.Function):
         with torch.autocast(device, enabled=False):
             out = F.linear(inputs.to(dtype), folded_weight, folded_bias)
         part = slice(offset, offset + scale.numel())
-        # y - recovery = (x - c) scale + scale c = x scale, on the scaled channels
-        recovery = folded_bias[part] if bias is None else \
-            torch.addcmul(folded_bias[part], bias[part], scale, value=-1)
+        if (offset, scale.numel()) != (0, out.shape[-1]):
+            folded_bias, bias = folded_bias[part], None if bias is None else bias[part]
+        # y - recovery = (x - c) scale + c scale = x scale, on the scaled channels
+        recovery = folded_bias if bias is None else \
+            torch.addcmul(folded_bias, bias, scale, value=-1)
         ctx.part, ctx.input_dtype = part, inputs.dtype
         ctx.save_for_backward(out, folded_weight, recovery, scale)
         return out
