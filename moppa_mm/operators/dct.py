@@ -26,6 +26,7 @@ import math
 from typing import Dict, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 
 from .tracing import is_capturing
 
@@ -87,9 +88,11 @@ def kron_basis(h: int, w: int, inverse: bool = False, device=None,
         basis_w = dct_basis(w, device, torch.float64)
         grid = (basis_h[:, None, :, None] * basis_w[None, :, None, :]).reshape(
             h * w, h * w)  # (H, W, H, W) -> (HW, HW)
-        basis = torch.block_diag(torch.eye(extra, dtype=torch.float64, device=device),
-                                 grid.t() if inverse else grid)
-        return basis.contiguous().to(dtype)
+        grid = grid.t() if inverse else grid
+        if extra:  # block_diag(eye(extra), grid), written out for the exporters
+            grid = F.pad(grid, (extra, 0, extra, 0)) + F.pad(
+                torch.eye(extra, dtype=torch.float64, device=device), (0, h * w, 0, h * w))
+        return grid.contiguous().to(dtype)
 
     return _cached(_KRON, (h, w, inverse, extra, device, dtype), build)
 

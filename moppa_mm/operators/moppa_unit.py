@@ -332,8 +332,9 @@ class MoPPAUnit(nn.Module):
                 param = param.movedim(-3, -1)
             return param
 
-        route = logits.to(dtype).softmax(-1)  # (L.., E) -> each (L.., 1, 1, 1, 1)
-        route = dict(zip(self.experts, route.view(*route.shape, 1, 1, 1, 1).unbind(-5)))
+        route = logits.to(dtype).softmax(-1)  # (L.., E) -> each (L.., 1, 1, 1, 1) or ()
+        route = route.view(*route.shape, 1, 1, 1, 1) if lead else route
+        route = dict(zip(self.experts, route.unbind(len(lead))))
         physical = F.softplus if self.heat_param == 'softplus' else (lambda raw: raw)
         spectral_filter = field = None
         if 'heat' in self.experts:  # a1 exp((k (-w^2)) t)
@@ -455,10 +456,15 @@ class MoPPAUnit(nn.Module):
         self._eval_cache = None
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (..., H, W, C), channel-last. Returns the same shape, in the
-        dtype the DCTs run in: the input's, or autocast's
-        (:meth:`filter_tokens`)."""
+    def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
+                extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                ) -> torch.Tensor:
+        """``x``: (..., H, W, C), channel-last; or, with the (H, W) ``grid``,
+        tokens (B, extra + H*W, C) as transformers hold them
+        (:meth:`filter_tokens`). Returns the same shape, in the dtype the DCTs
+        run in: the input's, or autocast's."""
+        if grid is not None:
+            return self.filter_tokens(x, grid, extra, terms)
         self._check_input(x)
         h, w, channels = x.shape[-3:]
         tokens = x.reshape(-1, h * w, channels)  # (B, H*W, C)

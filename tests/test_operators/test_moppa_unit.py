@@ -335,7 +335,11 @@ def test_units_built_together_equal_each_built_alone(options, grid):
     terms = unit_terms(units, grid, 1, tokens)
     assert terms[4] is None and terms[5] is None
     weights = [torch.randn(2, 1 + grid[0] * grid[1], 6, dtype=torch.float64) for _ in range(2)]
-    together = sum((term * weight).sum() for pair in terms[:4] for term, weight in zip(pair, weights))
+
+    def weighted(pairs):  # a scalar of every filter and field
+        return sum((term * weight).sum() for pair in pairs for term, weight in zip(pair, weights))
+
+    together = weighted(terms[:4])
     params = [p for unit in units[:4] for p in unit.parameters()]
     grads_together = torch.autograd.grad(together, params)
     alone = [unit._filter_and_field_for(grid, 1, tokens.device, tokens.dtype)
@@ -344,8 +348,7 @@ def test_units_built_together_equal_each_built_alone(options, grid):
         assert pair[0].shape == (1, 1 + grid[0] * grid[1], 6)
         for got, want in zip(pair, own):
             torch.testing.assert_close(got, want, atol=1e-14, rtol=0)
-    separate = sum((term * weight).sum() for pair in alone for term, weight in zip(pair, weights))
-    for got, want in zip(grads_together, torch.autograd.grad(separate, params)):
+    for got, want in zip(grads_together, torch.autograd.grad(weighted(alone), params)):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     from moppa_mm.operators.moppa_unit import _Stack
     names = [name for name, _ in units[0].named_parameters()]

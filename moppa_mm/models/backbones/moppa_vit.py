@@ -58,13 +58,13 @@ class ViTMoPPAUnit(MoPPAUnit):
                        ) -> torch.Tensor:
         """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
         (H, W) ``grid`` (None: :meth:`patch_grid`); ``terms``: its filter and
-        field, made by the backbone for all its units at once (None: its own,
+        field, made by the backbone for all its units at once (None: its own;
         :meth:`~moppa_mm.operators.MoPPAUnit.filter_tokens`)."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \
             self.patch_grid(x.shape[1] - self.num_extra_tokens)
-        return self.filter_tokens(x, grid, self.num_extra_tokens, terms)
+        return self(x, grid, self.num_extra_tokens, terms)
 
 
 class MoPPAEncoderLayer(TransformerEncoderLayer):

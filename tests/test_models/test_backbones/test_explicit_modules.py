@@ -122,7 +122,7 @@ def test_tracebacks_name_the_module_that_runs_the_adapter():
     model = swin_det().eval()
     unit = model.stages[0].blocks[0].moppa
 
-    def fail(windows):
+    def fail(windows, grid):
         raise RuntimeError('unit failed')
 
     unit.forward = fail
