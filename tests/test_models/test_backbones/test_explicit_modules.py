@@ -82,8 +82,7 @@ def module_hooks(model: nn.Module) -> dict:
 def test_forward_registers_no_hooks(name):
     """Built, and after an eval and a training forward and backward: the only
     module hook is the backbone's check before a forward with gradients (the
-    base is a pre-trained one; the scale floors, one device read-back per
-    step), and none is global."""
+    base is a pre-trained one), and none is global."""
     build, size, _ = MODELS[name]
     model = build(random_base=True)  # trains on its random base
     expected = {'': ['_check_before_training']}
