@@ -1,26 +1,23 @@
 """Orthonormal 2-D DCT-II over the token grid of channel-last tensors.
 
-The transform is separable: ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
-orthonormal DCT-II matrix, so the inverse is the transpose. On tokens
+The transform is separable, ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
+orthonormal DCT-II matrix, and the inverse is its transpose. On tokens
 ``(B, H*W, C)`` (a grid flattened row-major, as transformers hold it) it runs
-without any permute, as batched matmuls (``bmm``: one kernel each, where
+as batched matmuls without any permute (``bmm``: one kernel each, where
 ``matmul`` on N-D tensors adds views and expands), in one of two ways:
 
-- ``'kron'``: ONE matmul with the Kronecker basis ``C_H (x) C_W`` of size
-  (HW, HW). It does ``HW / (H + W)`` times the multiply-adds of the separable
-  form but reads and writes the tensor once instead of twice, in one kernel
-  instead of two. Leading extra tokens (a ViT's class token) pass through an
-  identity block of the basis: no split, no concatenation;
+- ``'kron'``: ONE matmul with the Kronecker basis ``C_H (x) C_W`` (HW, HW):
+  ``HW / (H + W)`` times the multiply-adds of the separable form, but one
+  pass over the tensor instead of two. Leading extra tokens (a ViT's class
+  token) pass through an identity block of the basis: no split, no join;
 - ``'separable'``: two matmuls, along H then along W.
 
-``'auto'`` picks Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens,
-measured per device type (benchmarks/run.py, section ``dct``, records the
-sweep): on CPU (2 cores) Kronecker is 1.2-1.7x faster at 7x7 and 8x8 and
-slower from 10x10 on; on CUDA (an H100) it is faster up to 14x14, a ViT-B/16's
-grid at 224 px. Device types not measured take the CPU's table.
-
-Bases and frequency grids are cached per (size, device, dtype), except
-what a graph capture builds (:func:`_cached`).
+``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens,
+as measured (benchmarks/run.py, section ``dct``): on CPU (2 cores) it is
+1.2-1.7x faster at 7x7 and 8x8 and slower from 10x10 on; on CUDA (an H100)
+faster up to 14x14, a ViT-B/16's grid at 224 px. Device types not measured
+take the CPU's table. Bases and frequency grids are cached per (size, device,
+dtype), except what a graph capture builds (:func:`_cached`).
 """
 import math
 from typing import Dict, Tuple, Union
@@ -51,17 +48,13 @@ def _cached(cache: dict, key: tuple, build):
     return value
 
 
-def _device(device) -> torch.device:
-    return torch.device(device) if device is not None else torch.device('cpu')
-
-
 def dct_basis(n: int, device=None, dtype=torch.float32, inverse: bool = False) -> torch.Tensor:
     """The orthonormal DCT-II matrix ``C`` of size (n, n): ``C[k, i]`` =
     ``s_k cos(pi (2i + 1) k / (2n))``, ``s_0 = sqrt(1/n)``, ``s_k = sqrt(2/n)``;
     its transpose (contiguous) if ``inverse``."""
     if n < 1:
         raise ValueError(f'DCT size must be >= 1, got {n}')
-    device = _device(device)
+    device = torch.device(device or 'cpu')
 
     def build():  # out of place, in operations every exporter knows
         k = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # (n, 1)
@@ -81,7 +74,7 @@ def kron_basis(h: int, w: int, inverse: bool = False, device=None,
     row-major flattened grid: ``C_H (x) C_W`` (its transpose if ``inverse``).
     With ``extra`` leading tokens, (extra + HW, extra + HW): an identity block
     for them, then the grid's."""
-    device = _device(device)
+    device = torch.device(device or 'cpu')
 
     def build():  # torch.kron, written out (the TorchScript exporter lacks aten::kron)
         basis_h = dct_basis(h, device, torch.float64)
@@ -101,8 +94,7 @@ def dct_method(h: int, w: int, device: Union[str, torch.device], method: str = '
     """'kron' or 'separable' for an (H, W) grid on ``device`` (a device or its
     type; no tensor is needed): ``method`` itself unless 'auto'."""
     if method == 'auto':
-        device_type = torch.device(device).type
-        limit = KRON_MAX_TOKENS.get(device_type, KRON_MAX_TOKENS['cpu'])
+        limit = KRON_MAX_TOKENS.get(torch.device(device).type, KRON_MAX_TOKENS['cpu'])
         return 'kron' if h * w <= limit else 'separable'
     if method not in ('kron', 'separable'):
         raise ValueError(f"unknown DCT method {method!r}, expected 'auto', "
@@ -111,9 +103,8 @@ def dct_method(h: int, w: int, device: Union[str, torch.device], method: str = '
 
 
 def matmul_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a matmul of ``x`` runs in: autocast's, where it is on for
-    ``x``'s device (and ``x`` is not float64, which autocast leaves), else
-    ``x``'s."""
+    """The dtype a matmul of ``x`` runs in: autocast's where it is on (and
+    ``x`` is not float64, which autocast leaves), else ``x``'s."""
     device = x.device.type
     autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
     return torch.get_autocast_dtype(device) if autocast else x.dtype
@@ -127,16 +118,12 @@ def _batched(basis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
                inverse: bool = False, extra: int = 0) -> torch.Tensor:
     """Orthonormal DCT-II (DCT-III if ``inverse``) of ``x`` (B, extra + H*W,
-    C) over the (H, W) ``grid``; the ``extra`` leading tokens pass unchanged
-    (Kronecker only). The bases take the dtype the matmuls run in: ``x``'s,
-    or autocast's (so that autocast casts ``x`` alone, not the bases too).
-
-    The separable form runs the forward transform H first and the inverse H
-    last, so that the pass that meets the caller's tensor (input, or the
-    output's gradient) is always the H pass: its ``(B, H, W*C)`` view exists
-    for any batch stride (the patch tokens of a ViT sequence without its class
-    token), where the W pass's ``(B*H, W, C)`` view would need a copy.
-    """
+    C) over the (H, W) ``grid``, the ``extra`` leading tokens unchanged
+    (Kronecker only); the bases in the matmuls' dtype (``x``'s or autocast's:
+    autocast then casts ``x`` alone). The separable form meets the caller's
+    tensor (input, output's gradient) with the H pass, whose ``(B, H, W*C)``
+    view exists for any batch stride (a ViT's patch tokens after its class
+    token), where the W pass's ``(B*H, W, C)`` would need a copy."""
     h, w = grid
     batch, tokens, channels = x.shape
     if tokens != extra + h * w:
@@ -159,31 +146,22 @@ def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
     return out.view(batch, tokens, channels)
 
 
-def _check_channel_last(x: torch.Tensor) -> None:
+def dct2d(x: torch.Tensor, method: str = 'auto', inverse: bool = False) -> torch.Tensor:
+    """Orthonormal DCT-II (DCT-III if ``inverse``) over (H, W) of ``x`` shaped
+    (..., H, W, C). ``method``: 'kron' (one matmul with the Kronecker basis),
+    'separable' (two matmuls) or 'auto' (by grid size and device type,
+    :func:`dct_method`)."""
     if x.dim() < 3:
         raise ValueError('expected a channel-last tensor (..., H, W, C), '
                          f'got shape {tuple(x.shape)}')
-
-
-def dct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
-    """Orthonormal DCT-II over (H, W) of ``x`` shaped (..., H, W, C).
-
-    ``method``: 'kron' (one matmul with the Kronecker basis), 'separable'
-    (two matmuls) or 'auto' (by grid size and device type, :func:`dct_method`).
-    """
-    return _dct(x, method, inverse=False)
+    h, w, c = x.shape[-3:]
+    tokens = x.reshape(-1, h * w, c)  # (B, HW, C)
+    return dct_tokens(tokens, (h, w), method, inverse).view(x.shape)
 
 
 def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
     """Inverse of :func:`dct2d` (orthonormal DCT-III) over (H, W)."""
-    return _dct(x, method, inverse=True)
-
-
-def _dct(x: torch.Tensor, method: str, inverse: bool) -> torch.Tensor:
-    _check_channel_last(x)
-    h, w, c = x.shape[-3:]
-    tokens = x.reshape(-1, h * w, c)  # (B, HW, C)
-    return dct_tokens(tokens, (h, w), method, inverse).view(x.shape)
+    return dct2d(x, method, inverse=True)
 
 
 def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32
@@ -192,7 +170,7 @@ def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32
 
     ``w_n = pi n / H``, ``w_m = pi m / W``; returns ``(w^2, |w|)``, each (H, W).
     """
-    device = _device(device)
+    device = torch.device(device or 'cpu')
 
     def build():
         omega_h = math.pi * torch.arange(h, dtype=torch.float64) / h  # (H,)

@@ -26,12 +26,11 @@ backbones', are the paper's: ``'paper'`` init, ``'raw'`` heat):
   input by about ``a1 + a2 = 2/3``).
 
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
-filter multiply and ONE additive field in the DCT domain. The filter and field do
-not depend on ``X``; in eval mode they are built once and reused until a
-parameter changes (an in-place update, a load, a move to another device or
-dtype, or a switch of train / eval mode; :meth:`MoPPAUnit.clear_cache` for
-anything else, e.g. assigning ``param.data``). A compiler or exporter capturing
-the forward gets the plain computation, no cache.
+filter multiply and ONE additive field in the DCT domain. They do not depend on
+``X``: in eval mode they are built once and reused until a parameter changes
+(an in-place update, a load, ``.to()``, a switch of mode;
+:meth:`MoPPAUnit.clear_cache` for anything else, e.g. assigning ``param.data``);
+a graph capture gets the plain computation, no cache.
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -67,19 +66,15 @@ def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-_TERMS: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_TERMS: Dict[tuple, Tuple[torch.Tensor, ...]] = {}
 
 
-def _frequency_terms(h: int, w: int, eta: float, device, dtype
-                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The per-frequency factors of the experts, each (H, W, 1), cached: the
-    heat exponent's ``-w^2``, the wave phase's ``|w|`` and the Poisson gain
-    ``1 / (w^2 + eta)``."""
+def _frequency_terms(h: int, w: int, eta: float, device, dtype) -> Tuple[torch.Tensor, ...]:
+    """``-w^2``, ``|w|`` and ``1 / (w^2 + eta)``, each (H, W, 1), cached."""
 
     def build():
         omega_sq, omega_abs = dct_frequencies(h, w, device, torch.float64)
-        terms = (-omega_sq, omega_abs, 1 / (omega_sq + eta))
-        return tuple(term.unsqueeze(-1).to(dtype) for term in terms)
+        return tuple(t[..., None].to(dtype) for t in (-omega_sq, omega_abs, 1 / (omega_sq + eta)))
 
     return _cached(_TERMS, (h, w, eta, torch.device(device), dtype), build)
 
@@ -294,29 +289,20 @@ class MoPPAUnit(nn.Module):
 
     # -------------------------------------------------------- filter and field
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
-                         flat: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                         flat: bool = False, params: Optional[Dict[str, torch.Tensor]] = None
+                         ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The fused spectral filter and additive field of Eq. 11, each (H, W, C)
         ((1, H*W, C) if ``flat``): ``filter = a1 heat + a2 wave`` and ``field = a3
         poisson``. With ``init_mode='identity'``: ``filter = 1 + g (a1 heat +
         a2 wave - 1)`` and ``field = g a3 poisson``, i.e. ``X + g (Y_Eq11 - X)``.
-        """
-        return self._build(dict(self.named_parameters(recurse=False)), size, device, dtype,
-                           flat)
 
-    def _build(self, params: Dict[str, torch.Tensor], size: Tuple[int, int], device, dtype,
-               flat: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`filter_and_field` from ``params``: this unit's, or those of
-        units like it stacked on a leading dim L (whose filters and fields come
-        out stacked the same way; ``flat``: (L, H*W, C), L = 1 for one unit's).
-
-        Built in few operations (it runs every training step, and each is a
-        kernel on a GPU): everything that is per frequency and head is
-        combined before it is broadcast over the channels of a head.
-        """
+        ``params``: this unit's, or those of L units like it stacked (outputs
+        (L, ...) then). In few operations (each a GPU kernel): what is per
+        frequency and head is combined before it meets a head's channels."""
+        params = params or dict(self.named_parameters(recurse=False))
         h, w = size
         logits = params['route_logits']
-        device = device or logits.device
-        dtype = dtype or logits.dtype
+        device, dtype = device or logits.device, dtype or logits.dtype
         lead = logits.shape[:-1]  # () or (L,)
         neg_omega_sq, omega_abs, poisson_gain = _frequency_terms(h, w, self.eta, device, dtype)
 
@@ -324,13 +310,12 @@ class MoPPAUnit(nn.Module):
             return params[name].view(*lead, 1, 1, 1, -1) if lead else params[name]
 
         def per_frequency(name):  # (L.., Hr, Wr, N) -> (L.., H, W, N)
-            param = params[name]
-            if (h, w) != self.grid_size:
-                maps = param.movedim(-1, -3)  # (L.., N, Hr, Wr)
-                param = resize_frequency_map(maps.reshape(-1, *self.grid_size), (h, w),
-                                             self.resize_mode).view(*maps.shape[:-2], h, w)
-                param = param.movedim(-3, -1)
-            return param
+            if (h, w) == self.grid_size:
+                return params[name]
+            maps = params[name].movedim(-1, -3)  # (L.., N, Hr, Wr)
+            resized = resize_frequency_map(maps.reshape(-1, *self.grid_size), (h, w),
+                                           self.resize_mode)  # (L.. * N, H, W)
+            return resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
 
         route = logits.to(dtype).softmax(-1)  # (L.., E) -> each (L.., 1, 1, 1, 1) or ()
         route = route.view(*route.shape, 1, 1, 1, 1) if lead else route
@@ -366,10 +351,8 @@ class MoPPAUnit(nn.Module):
         return spectral_filter.reshape(shape), field.reshape(shape)
 
     def _param_state(self, *key) -> tuple:
-        """Identifies the parameters' (a merged unit's buffers') current values:
-        any in-place update (an optimizer step) bumps a tensor's ``_version``;
-        what replaces a tensor (a load, ``.to()``, a switch of mode) clears the
-        cache itself."""
+        """``key`` and the versions of the parameters (a merged unit's buffers),
+        which an in-place update bumps (a load, ``.to()`` clear the cache)."""
         tensors = list(self.parameters()) + list(self.buffers())
         return key + tuple(t._version for t in tensors)
 
@@ -424,11 +407,8 @@ class MoPPAUnit(nn.Module):
     # ----------------------------------------------------------------- forward
     def filter_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the filter and field are built in for a spectrum of
-        ``dtype``: float32 at least. In float16 ``a3 / (w^2 + eta)`` overflows
-        for ``eta`` below ~2e-5 and ``exp``/``cos`` lose most digits, so they
-        are built in float32 and only the result is cast to the spectrum's
-        dtype (the multiply-add then runs in it, with no cast of the
-        activations)."""
+        ``dtype``: float32 at least (in float16 ``a3 / (w^2 + eta)`` overflows
+        for ``eta`` < ~2e-5, ``exp``/``cos`` lose digits), then cast to it."""
         own = self.merged_filter.dtype if self.merged else self.route_logits.dtype
         return torch.float64 if torch.float64 in (dtype, own) else torch.float32
 
@@ -459,104 +439,73 @@ class MoPPAUnit(nn.Module):
     def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
                 extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
                 ) -> torch.Tensor:
-        """``x``: (..., H, W, C), channel-last; or, with the (H, W) ``grid``,
-        tokens (B, extra + H*W, C) as transformers hold them
-        (:meth:`filter_tokens`). Returns the same shape, in the dtype the DCTs
-        run in: the input's, or autocast's."""
-        if grid is not None:
-            return self.filter_tokens(x, grid, extra, terms)
-        self._check_input(x)
-        h, w, channels = x.shape[-3:]
-        tokens = x.reshape(-1, h * w, channels)  # (B, H*W, C)
-        return self.filter_tokens(tokens, (h, w)).view(x.shape)
-
-    def filter_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int], extra: int = 0,
-                      terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-                      ) -> torch.Tensor:
-        """The unit on ``tokens`` (B, extra + H*W, C): the (H, W) ``grid``
-        filtered (Eq. 11), the ``extra`` leading tokens (a ViT's class token)
-        unchanged. Returns the same shape, in the dtype the DCTs run in.
-
-        A handful of kernels: the DCT (one batched matmul where the Kronecker
-        basis is used, which also passes the extra tokens through), one
-        multiply-add with the filter and field, the inverse DCT. The filter and
-        field are ``terms`` (made by :func:`unit_terms` for several units at
-        once), or come from the eval cache, or are built here; they are built
-        in :meth:`filter_dtype` with autocast off and cast to the spectrum's
-        dtype: under autocast the activations are cast once, by the DCT's
-        matmul, as the attention's projection would have.
-        """
-        self._check_tokens(tokens, grid, extra)
-        if extra and dct_method(*grid, tokens.device) == 'separable':
+        """``x``: (..., H, W, C); or, with the (H, W) ``grid``, tokens (B, extra
+        + H*W, C), the ``extra`` first (a class token) unchanged. Returns the
+        same shape in the DCTs' dtype (the input's or autocast's). Kernels: the
+        DCT, one multiply-add with the filter and field (``terms`` from
+        :func:`unit_terms`, else cached or built, cast to the spectrum's
+        dtype), the inverse DCT; only the DCT's matmul casts activations."""
+        if grid is None:  # (..., H, W, C)
+            if x.dim() < 3 or x.shape[-1] != self.embed_dims:
+                raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
+                                 f'got {tuple(x.shape)}')
+            h, w, channels = x.shape[-3:]
+            _check_grid((h, w), 'the input grid')
+            return self.forward(x.reshape(-1, h * w, channels), (h, w)).view(x.shape)
+        _check_grid(grid, 'the input grid')
+        if x.dim() != 3 or tuple(x.shape[1:]) != (extra + grid[0] * grid[1], self.embed_dims):
+            raise ValueError(f'MoPPAUnit expects (B, {extra} + {grid[0]}*{grid[1]}, '
+                             f'{self.embed_dims}) tokens, got {tuple(x.shape)}')
+        if extra and dct_method(*grid, x.device) == 'separable':
             # the separable passes take the grid tokens alone: split and join
-            out = self.filter_tokens(tokens[:, extra:], grid, terms=terms)  # (B, H*W, C)
-            return torch.cat([tokens[:, :extra].to(out.dtype), out], dim=1)
-        spectrum = dct_tokens(tokens, grid, extra=extra)
-        spectral_filter, field = terms if terms is not None else \
-            self._filter_and_field_for(grid, extra, spectrum.device, spectrum.dtype)
+            out = self.forward(x[:, extra:], grid, terms=terms)  # (B, H*W, C)
+            return torch.cat([x[:, :extra].to(out.dtype), out], dim=1)
+        spectrum = dct_tokens(x, grid, extra=extra)
+        key = (grid, extra, spectrum.device, spectrum.dtype)
+        spectral_filter, field = terms or self._cached_terms(*key) or self._spectral_terms(*key)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         return dct_tokens(spectrum, grid, inverse=True, extra=extra)
 
-    def _uses_cache(self) -> bool:
-        """Whether the filter and field come from the eval cache: in eval
-        mode without gradients to the unit, and for a merged unit; never while
-        a graph is captured."""
-        return not is_capturing() and (self.merged or not self.training and not (
-            torch.is_grad_enabled() and self.route_logits.requires_grad))
-
-    def _filter_and_field_for(self, grid: Tuple[int, int], rows: int, device: torch.device,
-                              dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field of :meth:`_spectral_terms`, from the eval cache
-        (:meth:`_uses_cache`) or built."""
+    def _cached_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
+                      dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_spectral_terms` from the eval cache, in eval mode without
+        gradients to the unit and when merged; None otherwise (always while a
+        graph is captured)."""
+        if is_capturing() or not (self.merged or not self.training and not (
+                torch.is_grad_enabled() and self.route_logits.requires_grad)):
+            return None
         key = (tuple(grid), rows, device, dtype)
-        if not self._uses_cache():
-            return self._spectral_terms(*key)
         state = self._param_state(*key)
         if self._eval_cache is None or self._eval_cache[0] != state:
             with torch.no_grad():
                 self._eval_cache = (state, *self._spectral_terms(*key))
-        return self._eval_cache[1], self._eval_cache[2]
+        return self._eval_cache[1:]
 
     def _spectral_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
                         dtype: torch.dtype, params: Optional[Dict[str, torch.Tensor]] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field, (1, rows + H*W, C) each ((L, ...) from L
-        units' ``params`` stacked, see :meth:`_build`), in ``dtype``: built in
-        :meth:`filter_dtype` or the merged buffers; the first ``rows`` rows,
-        for the extra tokens, 1 and 0. The leading 1 broadcasts against the
-        batch: the multiply-add's backward sums the batch without a reshape."""
+        """The filter and field, (1, rows + H*W, C) each ((L, ...) from L units'
+        stacked ``params``), in ``dtype``, built in :meth:`filter_dtype` (or the
+        merged buffers); ``rows`` first rows of 1 and 0 for the extra tokens.
+        The leading 1 lets the multiply-add's backward sum the batch alone."""
         with torch.autocast(device.type, enabled=False):
             if self.merged:
                 if tuple(grid) != tuple(self.grid_size):
                     raise ValueError(
-                        f'MoPPAUnit: merged for its reference grid {tuple(self.grid_size)}, '
-                        f'got an input on the grid {tuple(grid)}. A merged unit holds the '
-                        'filter of one grid: merge a model built for this input size '
-                        '(e.g. img_size), or run the unmerged model')
+                        f'MoPPAUnit: merged for its reference grid {tuple(self.grid_size)}, got '
+                        f'an input on the grid {tuple(grid)}. A merged unit holds the filter of '
+                        'one grid: merge a model built for this input size (e.g. img_size), or '
+                        'run the unmerged model')
                 spectral_filter = self.merged_filter.view(1, -1, self.embed_dims)  # (1, H*W, C)
                 field = self.merged_field.view(1, -1, self.embed_dims)
             else:
                 spectral_filter, field = self.filter_and_field(
-                    grid, device, self.filter_dtype(dtype), flat=True) if params is None else \
-                    self._build(params, grid, device, self.filter_dtype(dtype), flat=True)
+                    grid, device, self.filter_dtype(dtype), True, params)
             spectral_filter, field = spectral_filter.to(dtype), field.to(dtype)
             if rows:
                 spectral_filter = F.pad(spectral_filter, (0, 0, rows, 0), value=1.0)
                 field = F.pad(field, (0, 0, rows, 0))
         return spectral_filter, field
-
-    def _check_input(self, x: torch.Tensor) -> None:
-        if x.dim() < 3 or x.shape[-1] != self.embed_dims:
-            raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
-                             f'got {tuple(x.shape)}')
-        _check_grid((x.shape[-3], x.shape[-2]), 'the input grid')
-
-    def _check_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int], extra: int) -> None:
-        _check_grid(grid, 'the input grid')
-        expected = (extra + grid[0] * grid[1], self.embed_dims)
-        if tokens.dim() != 3 or tuple(tokens.shape[1:]) != expected:
-            raise ValueError(f'MoPPAUnit expects (B, {extra} + {grid[0]}*{grid[1]}, '
-                             f'{self.embed_dims}) tokens, got {tuple(tokens.shape)}')
 
     # -------------------------------------------------------------- reporting
     def extra_repr(self) -> str:
@@ -568,9 +517,7 @@ class MoPPAUnit(nn.Module):
 
 
 class _Stack(torch.autograd.Function):
-    """``torch.stack`` whose backward hands each input its gradient with one
-    ``unbind``, where autograd's selects them one by one (an operation per
-    parameter per unit at every step)."""
+    """``torch.stack``, its backward one ``unbind`` (autograd's: a select each)."""
 
     @staticmethod
     def forward(ctx, *tensors):
@@ -583,24 +530,21 @@ class _Stack(torch.autograd.Function):
 
 def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extra: int,
                like: torch.Tensor) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
-    """The filter and field each unit needs for tokens like ``like`` (B,
-    extra + H*W, C) on ``grid`` (:meth:`MoPPAUnit.filter_tokens`' ``terms``;
-    None for a unit that is None or switched off), made together: units that
-    build theirs now (training) and are alike (same class, options,
-    parameter shapes, dtypes, devices and trainability) are built in ONE set
-    of operations on their parameters stacked, where each unit would launch
-    its own; the others come from their eval caches. A backbone calls it once
+    """The filter and field (``terms`` of :meth:`MoPPAUnit.forward`) of each
+    unit (None for a unit that is None or off) for tokens like ``like`` (B,
+    extra + H*W, C) on ``grid``, built in ONE set of operations for the units
+    alike (options, parameter shapes, dtypes, devices, trainability) on their
+    stacked parameters, else from the eval caches. A backbone calls it once
     per forward and hands each layer its unit's terms."""
-    device = like.device
-    dtype = matmul_dtype(like)
-    rows = extra if dct_method(*grid, device) == 'kron' else 0  # see filter_tokens
+    device, dtype = like.device, matmul_dtype(like)
+    rows = extra if dct_method(*grid, device) == 'kron' else 0  # as forward pads
     terms: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(units)
     alike: Dict[tuple, List[int]] = {}
     for index, unit in enumerate(units):
         if unit is None or not getattr(unit, 'enabled', True):
             continue
-        if unit._uses_cache():
-            terms[index] = unit._filter_and_field_for(grid, rows, device, dtype)
+        terms[index] = unit._cached_terms(grid, rows, device, dtype)
+        if terms[index] is not None:
             continue
         params = unit.named_parameters(recurse=False)
         key = (type(unit), unit.extra_repr()) + tuple(
@@ -643,6 +587,5 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
 
 __all__ = [
     'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'unit_terms',
-    'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
+    'unit_terms', 'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
 ]

@@ -89,13 +89,13 @@ def test_a_wrong_graph_is_refused(vit, tmp_path, monkeypatch):
     TorchScript exporter into a graph that runs and is wrong at other batch
     sizes. ``--verify`` catches it, says so, and deletes the file."""
     from moppa_mm.operators import MoPPAUnit
-    filter_tokens = MoPPAUnit.filter_tokens
+    forward = MoPPAUnit.forward
 
     def reads_the_batch(self, tokens, *args):  # the tracer keeps the branch it took
-        out = filter_tokens(self, tokens, *args)
+        out = forward(self, tokens, *args)
         return out if int(tokens.shape[0]) == tool.EXPORT_BATCH else 2 * out
 
-    monkeypatch.setattr(MoPPAUnit, 'filter_tokens', reads_the_batch)
+    monkeypatch.setattr(MoPPAUnit, 'forward', reads_the_batch)
     config, checkpoint = classifier_files(vit, tmp_path)
     output = str(tmp_path / 'wrong.onnx')
     with pytest.raises(SystemExit, match=r'onnxruntime and PyTorch differ by up to '

@@ -342,7 +342,7 @@ def test_units_built_together_equal_each_built_alone(options, grid):
     together = weighted(terms[:4])
     params = [p for unit in units[:4] for p in unit.parameters()]
     grads_together = torch.autograd.grad(together, params)
-    alone = [unit._filter_and_field_for(grid, 1, tokens.device, tokens.dtype)
+    alone = [unit._spectral_terms(grid, 1, tokens.device, tokens.dtype)
              for unit in units[:4]]
     for pair, own in zip(terms, alone):
         assert pair[0].shape == (1, 1 + grid[0] * grid[1], 6)

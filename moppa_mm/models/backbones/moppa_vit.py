@@ -59,7 +59,7 @@ class ViTMoPPAUnit(MoPPAUnit):
         """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
         (H, W) ``grid`` (None: :meth:`patch_grid`); ``terms``: its filter and
         field, made by the backbone for all its units at once (None: its own;
-        :meth:`~moppa_mm.operators.MoPPAUnit.filter_tokens`)."""
+        :meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \

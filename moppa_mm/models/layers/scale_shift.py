@@ -5,13 +5,11 @@ checkpoints have always had it (``attn.ssf_value``, ``ffn.ssf_fc1``,
 ``patch_embed.ssf_proj``...); the layer whose output it scales is swapped for
 a subclass whose ``forward`` runs it, adopting the layer's own parameters (so
 their names do not change either), as mmpretrain's ``LoRALinear`` wraps a
-linear layer:
-
-- :class:`LinearScaleShift` for an ``nn.Linear`` (the attention's qkv and
-  output projections, both MLP layers): where the layer is frozen the scale &
-  shift run inside its matmul (:class:`_LinearScaleShift`);
-- :class:`Conv2dScaleShift` for an ``nn.Conv2d`` (the patch embedding's
-  projection).
+linear layer: :class:`LinearScaleShift` for an ``nn.Linear`` (the attention's
+qkv and output projections, both MLP layers), :class:`Conv2dScaleShift` for an
+``nn.Conv2d`` (the patch embedding's projection). Both fold the scale & shift
+into the layer's weight and bias (:func:`_folded`): one multiply of a small
+tensor, no pass over the activations.
 """
 from typing import Optional, Tuple
 
@@ -27,9 +25,7 @@ def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Ten
             shift: torch.Tensor, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
     output channels ``[offset, offset + len(scale))``, the others unchanged
-    (a linear layer's weight (out, in), or a convolution's (out, in, kh, kw)):
-    the scale & shift act on the weight (one multiply of a small tensor), not
-    on the activations."""
+    (a linear layer's weight (out, in), or a convolution's (out, in, kh, kw))."""
     out_features = weight.shape[0]
     if (offset, scale.numel()) != (0, out_features):  # 1 and 0 outside the slice
         pad = (offset, out_features - offset - scale.numel())
@@ -40,25 +36,17 @@ def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Ten
 
 class _LinearScaleShift(torch.autograd.Function):
     """``y = (a W^T + c) * scale + shift`` on output channels ``[offset,
-    offset + d)`` of a linear layer whose ``W`` and ``c`` are frozen.
-
-    Forward: one matmul with the folded weight and bias (:func:`_folded`),
-    no pass over the activation. Backward: ``grad a = g W'``, the matmul the
-    layer's backward does anyway (with ``W'``, kept as the plain layer keeps
-    its cast weight); ``grad shift = sum g`` and ``grad scale = sum g x`` are
-    column reductions of ``g``, the latter against the raw output ``x``
-    recovered from ``y``: ``x = (y - c' + scale c) / scale``, with ``c'`` the
-    folded bias the matmul added (in its dtype). No weight-gradient matmul,
-    and no second activation saved: ``y`` is what the next operation keeps
-    anyway (the GELU after the first MLP layer, attention's q, k, v views of
-    the qkv output), where autograd's ``y = x * s + b`` keeps ``x`` too.
-
-    The recovery needs no floor on the scale: ``y - c'`` is exact where ``y``
-    and ``c'`` are close (Sterbenz), so each term of ``sum g (y - c' + scale
-    c) / scale`` errs by at most its own matmul part ``g (x - c)``, however
-    small the scale: near 0 the gradient can lose that part, never grow past
-    it (and a scale of exactly 0 gets 0, the 0 / 0 of a matmul part lost).
-    """
+    offset + d)`` of a frozen linear layer: one matmul with the folded weight
+    and bias. Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as
+    autocast's plain layer keeps its own, else rebuilt), ``grad shift = sum
+    g``, ``grad scale = sum g x`` with the raw output recovered, ``x = (y - c'
+    + scale c) / scale`` (``c'`` the folded bias as the matmul added it). No
+    weight-gradient matmul (autograd's fold needs one), no second activation:
+    the next operation keeps ``y`` anyway (fc1's GELU, attention's q, k, v).
+    No floor on the scale: ``y - c'`` is exact where the two are close
+    (Sterbenz), so each term errs by at most its matmul part ``g (x - c)``:
+    near 0 the gradient can lose that part, never grow past it (at exactly 0
+    it is lost: 0, not NaN)."""
 
     @staticmethod
     def forward(ctx, inputs, weight, bias, scale, shift, offset):
@@ -76,17 +64,21 @@ class _LinearScaleShift(torch.autograd.Function):
         recovery = folded_bias if bias is None else \
             torch.addcmul(folded_bias, bias, scale, value=-1)
         ctx.part, ctx.input_dtype = part, inputs.dtype
-        ctx.save_for_backward(out, folded_weight, recovery, scale)
+        ctx.rebuild = folded_weight.dtype == weight.dtype  # not a cast: keep W alone
+        ctx.save_for_backward(out, weight if ctx.rebuild else folded_weight, recovery,
+                              scale, shift)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        out, folded_weight, recovery, scale = ctx.saved_tensors
+        out, weight, recovery, scale, shift = ctx.saved_tensors
         grad_inputs = grad_scale = grad_shift = None
         if ctx.needs_input_grad[0]:
+            if ctx.rebuild:
+                weight = _folded(weight, None, scale, shift, ctx.part.start)[0]
             flat = grad.reshape(-1, grad.shape[-1])  # (N, out)
-            grad_inputs = flat.mm(folded_weight).view(*grad.shape[:-1], -1).to(ctx.input_dtype)
+            grad_inputs = flat.mm(weight).view(*grad.shape[:-1], -1).to(ctx.input_dtype)
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
             if (ctx.part.start, ctx.part.stop) != (0, out.shape[-1]):
                 grad, out = grad[..., ctx.part], out[..., ctx.part]
@@ -99,7 +91,9 @@ class _LinearScaleShift(torch.autograd.Function):
 
 
 class ScaleShift(nn.Module):
-    """``y = x * scale + shift`` over ``dims`` channels; identity at init.
+    """``y = x * scale + shift`` over ``dims`` channels of a layer's output;
+    identity at init. The layer that runs it folds it into its weight and
+    bias (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`).
 
     Args:
         dims (int): Channels scaled and shifted.
@@ -122,20 +116,6 @@ class ScaleShift(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.ones_(self.scale)
         nn.init.zeros_(self.shift)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Scale & shift channels ``[offset, offset + dims)`` of ``x``; the
-        others pass unchanged. One fused pass (``addcmul``): outside the slice
-        the scale is 1 and the shift 0, so nothing is split or concatenated."""
-        channels = x.shape[self.channel_dim]
-        scale, shift = self.scale, self.shift
-        if (self.offset, self.dims) != (0, channels):
-            pad = (self.offset, channels - self.offset - self.dims)
-            scale = F.pad(scale, pad, value=1.0)
-            shift = F.pad(shift, pad)
-        shape = [1] * x.dim()
-        shape[self.channel_dim] = channels
-        return torch.addcmul(shift.view(shape), x, scale.view(shape))
 
     def extra_repr(self) -> str:
         return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'
@@ -167,20 +147,24 @@ class _RunsScaleShift:
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, scale_shift={self.scale_shift_name}'
 
+    def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The weight and bias with the scale & shift folded in (the layer's
+        own where the adapters are switched off)."""
+        scale_shift = self.scale_shift
+        if not scale_shift.enabled:
+            return self.weight, self.bias
+        return _folded(self.weight, self.bias, scale_shift.scale, scale_shift.shift,
+                       scale_shift.offset)
+
     def merged_layer(self) -> nn.Module:
         """The plain layer (``nn.Linear`` / ``nn.Conv2d``) computing the same
         output with the scale & shift folded into new frozen weights:
         ``W' = W * scale``, ``c' = c * scale + shift`` on the scaled output
         channels. This layer's own tensors are left as they are (a base shared
         with other models stays intact)."""
-        scale_shift = self.scale_shift
         plain = self._plain_layer()
         with torch.no_grad():
-            if scale_shift.enabled:
-                weight, bias = _folded(self.weight, self.bias, scale_shift.scale,
-                                       scale_shift.shift, scale_shift.offset)
-            else:
-                weight, bias = self.weight, self.bias
+            weight, bias = self.folded()
             plain.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
             plain.bias = None if bias is None else \
                 nn.Parameter(bias.detach().clone().to(weight.dtype), requires_grad=False)
@@ -189,37 +173,30 @@ class _RunsScaleShift:
 
 class LinearScaleShift(_RunsScaleShift, nn.Linear):
     """``nn.Linear`` with a :class:`ScaleShift` on its output, folded into the
-    weight and bias (:func:`_folded`): one matmul, no pass over the
-    activations. Where the layer is frozen and a backward will come,
-    :class:`_LinearScaleShift` runs it with a backward that needs no
-    weight-gradient matmul and keeps no second activation (docs/performance.md);
-    otherwise autograd differentiates the fold.
+    weight and bias: one matmul, no pass over the activations. Frozen, with a
+    backward to come, it runs :class:`_LinearScaleShift` (no weight-gradient
+    matmul, no second activation kept); otherwise autograd differentiates it.
 
     Args:
         linear (nn.Linear): The layer; its ``weight`` and ``bias`` are adopted.
         scale_shift (ScaleShift): Scales channels ``[offset, offset + dims)``
-            of the output (``channel_dim=-1``); registered by the caller (in
-            the layer's parent).
+            of the output; registered by the caller (in the layer's parent).
         name (str): ``scale_shift``'s name in the layer's parent, for ``repr``.
     """
 
     def __init__(self, linear: nn.Linear, scale_shift: ScaleShift, name: str) -> None:
-        if not isinstance(linear, nn.Linear) or scale_shift.channel_dim != -1:
-            raise TypeError('LinearScaleShift adopts an nn.Linear with a ScaleShift on its '
-                            f'last dim, got {type(linear).__name__}, channel_dim='
-                            f'{scale_shift.channel_dim}')
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f'LinearScaleShift adopts an nn.Linear, got {type(linear).__name__}')
         super().__init__(linear.in_features, linear.out_features,
                          bias=linear.bias is not None, device='meta')
         self._adopt(linear, scale_shift, name)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         scale_shift = self.scale_shift
-        if not scale_shift.enabled:
-            return F.linear(inputs, self.weight, self.bias)
-        args = (self.weight, self.bias, scale_shift.scale, scale_shift.shift, scale_shift.offset)
-        if self._fused(inputs):
-            return _LinearScaleShift.apply(inputs, *args)
-        return F.linear(inputs, *_folded(*args))
+        if scale_shift.enabled and self._fused(inputs):
+            return _LinearScaleShift.apply(inputs, self.weight, self.bias, scale_shift.scale,
+                                           scale_shift.shift, scale_shift.offset)
+        return F.linear(inputs, *self.folded())
 
     def _fused(self, inputs: torch.Tensor) -> bool:
         """Whether :class:`_LinearScaleShift` runs: a backward will come, the
@@ -262,8 +239,7 @@ class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):
                          self.padding_mode, device='meta')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)  # (B, C, H, W)
-        return self.scale_shift(out) if self.scale_shift.enabled else out
+        return self._conv_forward(x, *self.folded())  # (B, C, H, W)
 
 
 def scale_shift_projection(patch_embed: nn.Module, dims: int) -> None:

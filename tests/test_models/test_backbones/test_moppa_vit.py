@@ -150,19 +150,21 @@ def test_bad_arguments():
 
 def test_scale_shift_touches_only_its_slice():
     from moppa_mm.models.layers import ScaleShift
+    from moppa_mm.models.layers.scale_shift import Conv2dScaleShift, LinearScaleShift
     value = ScaleShift(4, offset=8)  # the v part of a fused qkv of 3 x 4
     with torch.no_grad():
         value.scale.copy_(torch.tensor([2.0, 3.0, 4.0, 5.0]))
         value.shift.fill_(1.0)
-    x = torch.randn(2, 5, 12)
-    y = value(x)
-    torch.testing.assert_close(y[..., :8], x[..., :8])
-    torch.testing.assert_close(y[..., 8:], x[..., 8:] * value.scale + 1.0)
+    qkv, x = torch.nn.Linear(6, 12), torch.randn(2, 5, 6)
+    plain, y = qkv(x), LinearScaleShift(qkv, value, 'ssf_value')(x)
+    torch.testing.assert_close(y[..., :8], plain[..., :8])
+    torch.testing.assert_close(y[..., 8:], plain[..., 8:] * value.scale + 1.0)
     channel_first = ScaleShift(3, channel_dim=1)
     with torch.no_grad():
         channel_first.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
-    z = torch.randn(2, 3, 4, 4)
-    torch.testing.assert_close(channel_first(z), z * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
+    conv, z = torch.nn.Conv2d(2, 3, 1), torch.randn(2, 2, 4, 4)
+    torch.testing.assert_close(Conv2dScaleShift(conv, channel_first, 'ssf_proj')(z),
+                               conv(z) * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
 
 
 def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one():

@@ -24,8 +24,11 @@ def fused_and_reference(out_features=12, dims=None, offset=0, bias=True, seed=0,
         ssf.shift.normal_()
     linear = LinearScaleShift(linear, ssf, 'ssf')
 
-    def reference(x):
-        return ssf(nn.functional.linear(x, linear.weight, linear.bias))
+    def reference(x):  # the scaled channels of the output, computed apart
+        out = nn.functional.linear(x, linear.weight, linear.bias)
+        end = offset + ssf.dims
+        return torch.cat([out[..., :offset], out[..., offset:end] * ssf.scale + ssf.shift,
+                          out[..., end:]], dim=-1)
 
     return linear, ssf, reference
 
@@ -70,6 +73,9 @@ def test_fused_path_is_taken_and_keeps_only_the_output():
     assert type(out.grad_fn).__name__ == '_LinearScaleShiftBackward'
     activations = [t for t in saved if t.shape == out.shape]
     assert len(activations) == 1 and activations[0].data_ptr() == out.data_ptr()
+    # in the layer's dtype the folded weight is rebuilt in backward, not kept
+    weights = [t for t in saved if t.shape == linear.weight.shape]
+    assert [t.data_ptr() for t in weights] == [linear.weight.data_ptr()]
 
 
 def test_scales_at_and_near_zero_keep_exact_gradients():
