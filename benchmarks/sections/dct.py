@@ -7,7 +7,7 @@ from benchmarks.dct_fft import dct2d_fft, idct2d_fft
 from benchmarks.results import SectionResult, Table
 from benchmarks.timing import interleaved, median_ms
 from moppa_mm.operators import dct2d, idct2d
-from moppa_mm.operators.dct import KRON_MAX_TOKENS
+from moppa_mm.operators.dct import dct_method
 
 NAME = 'dct'
 GRIDS = [(7, 7), (8, 8), (10, 10), (12, 12), (14, 14), (28, 28), (56, 56), (100, 100),
@@ -38,7 +38,7 @@ def run(device: torch.device, quick: bool) -> SectionResult:
         grid = f'{h}x{w}'
         for method in ('kron', 'separable', 'fft'):
             metrics[f'dct.{grid}.{method}_ms'] = ms.get(method, float('nan'))
-        metrics[f'dct.{grid}.auto'] = 'kron' if h * w <= KRON_MAX_TOKENS else 'separable'
+        metrics[f'dct.{grid}.auto'] = dct_method(h, w, device)
         metrics[f'dct.{grid}.fastest'] = min(ms, key=ms.get)
         fastest_by_tokens.append((h * w, metrics[f'dct.{grid}.fastest']))
         rows.append(dict(grid=f'{batch}x{grid}x{channels}',

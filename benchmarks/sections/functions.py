@@ -42,7 +42,7 @@ def _linear_scale_shift(in_features: int, out_features: int, then: Callable):
 
     def build(device, quick):
         from moppa_mm.models.layers import ScaleShift
-        from moppa_mm.models.layers.scale_shift import _LinearScaleShift
+        from moppa_mm.models.layers.scale_shift import _folded, _LinearScaleShift
         (b, n), fin, fout = ((2, 5), 16, 4 * 16 if out_features > in_features else 16) \
             if quick else ((8, 197), in_features, out_features)
         linear = nn.Linear(fin, fout).to(device).requires_grad_(False)
@@ -56,8 +56,9 @@ def _linear_scale_shift(in_features: int, out_features: int, then: Callable):
             return then(_LinearScaleShift.apply(x, linear.weight, linear.bias, ssf.scale,
                                                 ssf.shift, 0))
 
-        def plain():
-            return then(ssf(F.linear(x, linear.weight, linear.bias)))
+        def plain():  # autograd's fold: a weight-gradient matmul, the input kept
+            folded = _folded(linear.weight, linear.bias, ssf.scale, ssf.shift, 0)
+            return then(F.linear(x, *folded))
 
         return nn.ModuleList([linear, ssf]), dict(function=function, plain=plain), x
 

@@ -1,11 +1,12 @@
 """The MoPPA operator: pure PyTorch, independent of any registry."""
 from .dct import dct2d, dct_basis, dct_frequencies, idct2d
 from .moppa_unit import (EXPERTS, HEAT_PARAMS, INIT_MODES, MoPPAUnit, moppa_units,
-                         resize_frequency_map, route_loss_weight, route_regularization)
+                         resize_frequency_map, route_loss_weight, route_regularization,
+                         unit_terms)
 
 __all__ = [
     'dct2d', 'idct2d', 'dct_basis', 'dct_frequencies', 'MoPPAUnit', 'EXPERTS',
     'INIT_MODES', 'HEAT_PARAMS',
     'resize_frequency_map', 'route_loss_weight', 'route_regularization',
-    'moppa_units'
+    'moppa_units', 'unit_terms'
 ]

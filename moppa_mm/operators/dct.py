@@ -1,36 +1,41 @@
-"""Orthonormal 2-D DCT-II over the (H, W) axes of channel-last tensors.
+"""Orthonormal 2-D DCT-II over the token grid of channel-last tensors.
 
-The transform is separable: ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
-orthonormal DCT-II matrix, so the inverse is the transpose. On ``(..., H, W, C)``
-tensors it runs without any permute, in one of two ways:
+The transform is separable, ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
+orthonormal DCT-II matrix, and the inverse is its transpose. On tokens
+``(B, H*W, C)`` (a grid flattened row-major, as transformers hold it) it runs
+as batched matmuls without any permute (``bmm``: one kernel each, where
+``matmul`` on N-D tensors adds views and expands), in one of two ways:
 
-- small grids (``H * W <= KRON_MAX_TOKENS``, e.g. Swin's 7x7 windows): ONE
-  batched matmul with the Kronecker basis ``C_H (x) C_W`` of size (HW, HW) on
-  ``(..., HW, C)``. It does ``HW / (H + W)`` times the multiply-adds of the
-  separable form but reads and writes the tensor once instead of twice; on
-  our CPU it is 1.2-1.7x faster at 7x7 and 8x8 and slower from 10x10 on
-  (benchmarks/run.py records the sweep);
-- larger grids: two batched matmuls, along H then along W.
+- ``'kron'``: ONE matmul with the Kronecker basis ``C_H (x) C_W`` (HW, HW):
+  ``HW / (H + W)`` times the multiply-adds of the separable form, but one
+  pass over the tensor instead of two. Leading extra tokens (a ViT's class
+  token) pass through an identity block of the basis: no split, no join;
+- ``'separable'``: two matmuls, along H then along W.
 
-Bases and frequency grids are cached per (size, device, dtype), except
-what a graph capture builds (:func:`_cached`).
+``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens,
+as measured (benchmarks/run.py, section ``dct``): on CPU (2 cores) it is
+1.2-1.7x faster at 7x7 and 8x8 and slower from 10x10 on; on CUDA (an H100)
+faster up to 14x14, a ViT-B/16's grid at 224 px. Device types not measured
+take the CPU's table. Bases and frequency grids are cached per (size, device,
+dtype), except what a graph capture builds (:func:`_cached`).
 """
 import math
-from typing import Dict, Tuple
+from typing import Dict, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 
 from .tracing import is_capturing
 
-KRON_MAX_TOKENS = 64  # measured crossover on CPU: 8x8 kron wins, 10x10 loses
+# The largest grid (H * W tokens) for which 'auto' takes the Kronecker basis.
+KRON_MAX_TOKENS = {'cpu': 64, 'cuda': 196}
 
-_BASES: Dict[Tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
-_KRON: Dict[Tuple[int, int, bool, torch.device, torch.dtype], torch.Tensor] = {}
-_FREQS: Dict[Tuple[int, int, torch.device, torch.dtype],
-             Tuple[torch.Tensor, torch.Tensor]] = {}
+_BASES: Dict[tuple, torch.Tensor] = {}
+_KRON: Dict[tuple, torch.Tensor] = {}
+_FREQS: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _cached(cache: dict, key: tuple, build) -> torch.Tensor:
+def _cached(cache: dict, key: tuple, build):
     """``cache[key]``, made by ``build()`` the first time. While a graph is
     captured (:func:`~.tracing.is_capturing`) a missing entry is built into
     the graph and not kept: what a capture makes (the fake tensors of
@@ -43,12 +48,13 @@ def _cached(cache: dict, key: tuple, build) -> torch.Tensor:
     return value
 
 
-def dct_basis(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
+def dct_basis(n: int, device=None, dtype=torch.float32, inverse: bool = False) -> torch.Tensor:
     """The orthonormal DCT-II matrix ``C`` of size (n, n): ``C[k, i]`` =
-    ``s_k cos(pi (2i + 1) k / (2n))``, ``s_0 = sqrt(1/n)``, ``s_k = sqrt(2/n)``."""
+    ``s_k cos(pi (2i + 1) k / (2n))``, ``s_0 = sqrt(1/n)``, ``s_k = sqrt(2/n)``;
+    its transpose (contiguous) if ``inverse``."""
     if n < 1:
         raise ValueError(f'DCT size must be >= 1, got {n}')
-    device = torch.device(device) if device is not None else torch.device('cpu')
+    device = torch.device(device or 'cpu')
 
     def build():  # out of place, in operations every exporter knows
         k = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # (n, 1)
@@ -56,96 +62,106 @@ def dct_basis(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
         scale = torch.where(k == 0, math.sqrt(1.0 / n),
                             torch.full_like(k, math.sqrt(2.0 / n)))  # (n, 1)
         basis = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * scale
+        basis = basis.t().contiguous() if inverse else basis
         return basis.to(device=device, dtype=dtype)
 
-    return _cached(_BASES, (n, device, dtype), build)
+    return _cached(_BASES, (n, inverse, device, dtype), build)
 
 
 def kron_basis(h: int, w: int, inverse: bool = False, device=None,
-               dtype=torch.float32) -> torch.Tensor:
+               dtype=torch.float32, extra: int = 0) -> torch.Tensor:
     """The 2-D DCT-II of an (H, W) grid as one (HW, HW) matrix acting on the
-    row-major flattened grid: ``C_H (x) C_W`` (its transpose if ``inverse``)."""
-    device = torch.device(device) if device is not None else torch.device('cpu')
+    row-major flattened grid: ``C_H (x) C_W`` (its transpose if ``inverse``).
+    With ``extra`` leading tokens, (extra + HW, extra + HW): an identity block
+    for them, then the grid's."""
+    device = torch.device(device or 'cpu')
 
     def build():  # torch.kron, written out (the TorchScript exporter lacks aten::kron)
         basis_h = dct_basis(h, device, torch.float64)
         basis_w = dct_basis(w, device, torch.float64)
-        basis = (basis_h[:, None, :, None] * basis_w[None, :, None, :]).reshape(
+        grid = (basis_h[:, None, :, None] * basis_w[None, :, None, :]).reshape(
             h * w, h * w)  # (H, W, H, W) -> (HW, HW)
-        return (basis.t() if inverse else basis).contiguous().to(dtype)
+        grid = grid.t() if inverse else grid
+        if extra:  # block_diag(eye(extra), grid), written out for the exporters
+            grid = F.pad(grid, (extra, 0, extra, 0)) + F.pad(
+                torch.eye(extra, dtype=torch.float64, device=device), (0, h * w, 0, h * w))
+        return grid.contiguous().to(dtype)
 
-    return _cached(_KRON, (h, w, inverse, device, dtype), build)
-
-
-def _check_channel_last(x: torch.Tensor) -> None:
-    if x.dim() < 3:
-        raise ValueError('expected a channel-last tensor (..., H, W, C), '
-                         f'got shape {tuple(x.shape)}')
+    return _cached(_KRON, (h, w, inverse, extra, device, dtype), build)
 
 
-def _transform(x: torch.Tensor, basis_h: torch.Tensor, basis_w: torch.Tensor,
-               h_first: bool) -> torch.Tensor:
-    """Apply ``basis_h`` along H and ``basis_w`` along W of ``(..., H, W, C)``.
-
-    The two passes commute. The forward transform runs H first and the inverse
-    H last, so that the pass that meets the caller's tensor (input or output's
-    gradient) is always the H pass: its ``(B, H, W*C)`` view exists for any
-    batch stride, e.g. the patch tokens of a ViT sequence without its class
-    token, where the W pass's ``(B*H, W, C)`` view would need a copy.
-    """
-    *lead, h, w, c = x.shape
-
-    def along_h(t):  # (B, H, W*C): mixes rows
-        return torch.matmul(basis_h, t.reshape(-1, h, w * c))
-
-    def along_w(t):  # (B*H, W, C): mixes columns
-        return torch.matmul(basis_w, t.reshape(-1, w, c))
-
-    x = along_w(along_h(x)) if h_first else along_h(along_w(x))
-    return x.reshape(*lead, h, w, c)
-
-
-def _kron_transform(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """Apply an (HW, HW) basis to the flattened grid of ``(..., H, W, C)``."""
-    *lead, h, w, c = x.shape
-    out = torch.matmul(basis, x.reshape(-1, h * w, c))  # (B, HW, C)
-    return out.reshape(*lead, h, w, c)
-
-
-def dct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
-    """Orthonormal DCT-II over (H, W) of ``x`` shaped (..., H, W, C).
-
-    ``method``: 'kron' (one matmul with the Kronecker basis), 'separable'
-    (two matmuls) or 'auto' (kron when ``H * W <= KRON_MAX_TOKENS``).
-    """
-    return _dct(x, method, inverse=False)
-
-
-def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
-    """Inverse of :func:`dct2d` (orthonormal DCT-III) over (H, W)."""
-    return _dct(x, method, inverse=True)
-
-
-def _dct(x: torch.Tensor, method: str, inverse: bool) -> torch.Tensor:
-    _check_channel_last(x)
-    h, w = x.shape[-3], x.shape[-2]
-    if _resolve_method(h, w, method) == 'kron':
-        return _kron_transform(x, kron_basis(h, w, inverse, x.device, x.dtype))
-    basis_h = dct_basis(h, x.device, x.dtype)
-    basis_w = dct_basis(w, x.device, x.dtype)
-    if inverse:
-        basis_h, basis_w = basis_h.t(), basis_w.t()
-    return _transform(x, basis_h, basis_w, h_first=not inverse)
-
-
-def _resolve_method(h: int, w: int, method: str) -> str:
-    """'kron' or 'separable' for an (H, W) grid."""
+def dct_method(h: int, w: int, device: Union[str, torch.device], method: str = 'auto') -> str:
+    """'kron' or 'separable' for an (H, W) grid on ``device`` (a device or its
+    type; no tensor is needed): ``method`` itself unless 'auto'."""
     if method == 'auto':
-        return 'kron' if h * w <= KRON_MAX_TOKENS else 'separable'
+        limit = KRON_MAX_TOKENS.get(torch.device(device).type, KRON_MAX_TOKENS['cpu'])
+        return 'kron' if h * w <= limit else 'separable'
     if method not in ('kron', 'separable'):
         raise ValueError(f"unknown DCT method {method!r}, expected 'auto', "
                          "'kron' or 'separable'")
     return method
+
+
+def matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``x`` runs in: autocast's where it is on (and
+    ``x`` is not float64, which autocast leaves), else ``x``'s."""
+    device = x.device.type
+    autocast = torch.is_autocast_enabled(device) and x.dtype != torch.float64
+    return torch.get_autocast_dtype(device) if autocast else x.dtype
+
+
+def _batched(basis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``basis @ x[i]`` for each i of ``x`` (N, n, m): one ``bmm``."""
+    return torch.bmm(basis.expand(x.shape[0], -1, -1), x)
+
+
+def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
+               inverse: bool = False, extra: int = 0) -> torch.Tensor:
+    """Orthonormal DCT-II (DCT-III if ``inverse``) of ``x`` (B, extra + H*W,
+    C) over the (H, W) ``grid``, the ``extra`` leading tokens unchanged
+    (Kronecker only); the bases in the matmuls' dtype (``x``'s or autocast's:
+    autocast then casts ``x`` alone). The separable form meets the caller's
+    tensor (input, output's gradient) with the H pass, whose ``(B, H, W*C)``
+    view exists for any batch stride (a ViT's patch tokens after its class
+    token), where the W pass's ``(B*H, W, C)`` would need a copy."""
+    h, w = grid
+    batch, tokens, channels = x.shape
+    if tokens != extra + h * w:
+        raise ValueError(f'expected (B, {extra} + {h}*{w}, C) tokens, got {tuple(x.shape)}')
+    device, dtype = x.device, matmul_dtype(x)
+    if dct_method(h, w, device, method) == 'kron':
+        return _batched(kron_basis(h, w, inverse, device, dtype, extra), x)
+    if extra:
+        raise ValueError('the separable DCT takes the grid tokens alone (extra=0)')
+    basis_h = dct_basis(h, device, dtype, inverse)
+    basis_w = dct_basis(w, device, dtype, inverse)
+
+    def along_h(t):  # (B, H, W*C): mixes rows
+        return _batched(basis_h, t.reshape(batch, h, w * channels))
+
+    def along_w(t):  # (B*H, W, C): mixes columns
+        return _batched(basis_w, t.reshape(batch * h, w, channels))
+
+    out = along_h(along_w(x)) if inverse else along_w(along_h(x))
+    return out.view(batch, tokens, channels)
+
+
+def dct2d(x: torch.Tensor, method: str = 'auto', inverse: bool = False) -> torch.Tensor:
+    """Orthonormal DCT-II (DCT-III if ``inverse``) over (H, W) of ``x`` shaped
+    (..., H, W, C). ``method``: 'kron' (one matmul with the Kronecker basis),
+    'separable' (two matmuls) or 'auto' (by grid size and device type,
+    :func:`dct_method`)."""
+    if x.dim() < 3:
+        raise ValueError('expected a channel-last tensor (..., H, W, C), '
+                         f'got shape {tuple(x.shape)}')
+    h, w, c = x.shape[-3:]
+    tokens = x.reshape(-1, h * w, c)  # (B, HW, C)
+    return dct_tokens(tokens, (h, w), method, inverse).view(x.shape)
+
+
+def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
+    """Inverse of :func:`dct2d` (orthonormal DCT-III) over (H, W)."""
+    return dct2d(x, method, inverse=True)
 
 
 def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32
@@ -154,7 +170,7 @@ def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32
 
     ``w_n = pi n / H``, ``w_m = pi m / W``; returns ``(w^2, |w|)``, each (H, W).
     """
-    device = torch.device(device) if device is not None else torch.device('cpu')
+    device = torch.device(device or 'cpu')
 
     def build():
         omega_h = math.pi * torch.arange(h, dtype=torch.float64) / h  # (H,)

@@ -26,14 +26,13 @@ backbones', are the paper's: ``'paper'`` init, ``'raw'`` heat):
   input by about ``a1 + a2 = 2/3``).
 
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
-filter multiply and ONE additive field in the DCT domain. The filter and field do
-not depend on ``X``; in eval mode they are built once and reused until a
-parameter changes (an in-place update, a load, a move to another device or
-dtype, or a switch of train / eval mode; :meth:`MoPPAUnit.clear_cache` for
-anything else, e.g. assigning ``param.data``). A compiler or exporter capturing
-the forward gets the plain computation, no cache.
+filter multiply and ONE additive field in the DCT domain. They do not depend on
+``X``: in eval mode they are built once and reused until a parameter changes
+(an in-place update, a load, ``.to()``, a switch of mode;
+:meth:`MoPPAUnit.clear_cache` for anything else, e.g. assigning ``param.data``);
+a graph capture gets the plain computation, no cache.
 """
-from typing import Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -42,7 +41,7 @@ from mmengine.logging import print_log
 
 from moppa_mm.utils.errors import InputValueError
 
-from .dct import dct2d, dct_frequencies, idct2d
+from .dct import _cached, dct_frequencies, dct_method, dct_tokens, matmul_dtype
 from .tracing import is_capturing
 
 EXPERTS = ('heat', 'wave', 'poisson')
@@ -65,6 +64,19 @@ def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
     if len(size) != 2:
         raise ValueError(f'grid size must be an int or (H, W), got {size}')
     return int(size[0]), int(size[1])
+
+
+_TERMS: Dict[tuple, Tuple[torch.Tensor, ...]] = {}
+
+
+def _frequency_terms(h: int, w: int, eta: float, device, dtype) -> Tuple[torch.Tensor, ...]:
+    """``-w^2``, ``|w|`` and ``1 / (w^2 + eta)``, each (H, W, 1), cached."""
+
+    def build():
+        omega_sq, omega_abs = dct_frequencies(h, w, device, torch.float64)
+        return tuple(t[..., None].to(dtype) for t in (-omega_sq, omega_abs, 1 / (omega_sq + eta)))
+
+    return _cached(_TERMS, (h, w, eta, torch.device(device), dtype), build)
 
 
 def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
@@ -276,82 +288,73 @@ class MoPPAUnit(nn.Module):
                 self.route_logits.log_softmax(0)).sum()
 
     # -------------------------------------------------------- filter and field
-    def _freq_param(self, name: str, size: Tuple[int, int]) -> torch.Tensor:
-        """A frequency-indexed parameter on the runtime grid, (H, W, N, 1)."""
-        param = getattr(self, name)  # (Hr, Wr, N)
-        if tuple(size) != self.grid_size:
-            param = resize_frequency_map(param.permute(2, 0, 1), size,
-                                         self.resize_mode).permute(1, 2, 0)
-        return param.unsqueeze(-1)  # (H, W, N, 1)
-
-    def _time(self, expert: str) -> torch.Tensor:
-        """The expert's t, (C/N,)."""
-        if expert == 'wave' and not hasattr(self, 'wave_time'):
-            expert = 'heat'  # share_time
-        time = getattr(self, f'{expert}_time')
-        if expert == 'heat' and self.heat_param == 'softplus':
-            return F.softplus(time)
-        return time
-
-    def _heat_coef(self, size: Tuple[int, int]) -> torch.Tensor:
-        """The heat's k on the runtime grid, (H, W, N, 1); with 'softplus' the
-        raw map is resized first, so k >= 0 between grid points too."""
-        k = self._freq_param('heat_coef', size)
-        return F.softplus(k) if self.heat_param == 'softplus' else k
-
-    def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None
+    def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
+                         flat: bool = False, params: Optional[Dict[str, torch.Tensor]] = None
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The fused spectral filter and additive field of Eq. 11, each (H, W, C):
-        ``filter = a1 heat + a2 wave`` and ``field = a3 poisson``. With
-        ``init_mode='identity'``: ``filter = 1 + g (a1 heat + a2 wave - 1)``
-        and ``field = g a3 poisson``, i.e. ``X + g (Y_Eq11 - X)``.
+        """The fused spectral filter and additive field of Eq. 11, each (H, W, C)
+        ((1, H*W, C) if ``flat``): ``filter = a1 heat + a2 wave`` and ``field = a3
+        poisson``. With ``init_mode='identity'``: ``filter = 1 + g (a1 heat +
+        a2 wave - 1)`` and ``field = g a3 poisson``, i.e. ``X + g (Y_Eq11 - X)``.
 
-        Built with as few full-size (H, W, C) operations as the algebra allows
-        (it runs every training step): ``a1`` rides in the heat exponent as
-        ``log a1``, and everything that is per frequency and head is combined
-        before it is broadcast over the channels of a head.
-        """
+        ``params``: this unit's, or those of L units like it stacked (outputs
+        (L, ...) then). In few operations (each a GPU kernel): what is per
+        frequency and head is combined before it meets a head's channels."""
+        params = params or dict(self.named_parameters(recurse=False))
         h, w = size
-        device = device or self.route_logits.device
-        dtype = dtype or self.route_logits.dtype
-        omega_sq, omega_abs = dct_frequencies(h, w, device, dtype)
-        omega_sq = omega_sq[:, :, None, None]  # (H, W, 1, 1)
-        omega_abs = omega_abs[:, :, None, None]  # (H, W, 1, 1)
-        log_route = dict(zip(self.experts,
-                             self.route_logits.log_softmax(0).to(dtype).unbind(0)))
+        logits = params['route_logits']
+        device, dtype = device or logits.device, dtype or logits.dtype
+        lead = logits.shape[:-1]  # () or (L,)
+        neg_omega_sq, omega_abs, poisson_gain = _frequency_terms(h, w, self.eta, device, dtype)
+
+        def per_channel(name):  # (L.., C/N), broadcast against (L.., H, W, N, C/N)
+            return params[name].view(*lead, 1, 1, 1, -1) if lead else params[name]
+
+        def per_frequency(name):  # (L.., Hr, Wr, N) -> (L.., H, W, N)
+            if (h, w) == self.grid_size:
+                return params[name]
+            maps = params[name].movedim(-1, -3)  # (L.., N, Hr, Wr)
+            resized = resize_frequency_map(maps.reshape(-1, *self.grid_size), (h, w),
+                                           self.resize_mode)  # (L.. * N, H, W)
+            return resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
+
+        route = logits.to(dtype).softmax(-1)  # (L.., E) -> each (L.., 1, 1, 1, 1) or ()
+        route = route.view(*route.shape, 1, 1, 1, 1) if lead else route
+        route = dict(zip(self.experts, route.unbind(len(lead))))
+        physical = F.softplus if self.heat_param == 'softplus' else (lambda raw: raw)
         spectral_filter = field = None
-        if 'heat' in self.experts:  # a1 exp(-k w^2 t) = exp(log a1 - (k w^2) t)
-            k = self._heat_coef(size)  # (H, W, N, 1)
-            spectral_filter = torch.exp(torch.addcmul(
-                log_route['heat'], k * omega_sq, self._time('heat'), value=-1))
+        if 'heat' in self.experts:  # a1 exp((k (-w^2)) t)
+            k = physical(per_frequency('heat_coef'))  # (L.., H, W, N)
+            time = physical(per_channel('heat_time'))
+            heat = torch.exp((k * neg_omega_sq).unsqueeze(-1) * time)
+            spectral_filter = heat * route['heat']  # (L.., H, W, N, C/N)
         if 'wave' in self.experts:  # + a2 cos((c |w|) t)
-            c = self._freq_param('wave_coef', size)  # (H, W, N, 1)
-            wave = torch.cos(c * omega_abs * self._time('wave'))
-            route = log_route['wave'].exp()
-            spectral_filter = wave * route if spectral_filter is None else \
-                torch.addcmul(spectral_filter, wave, route)
-        if 'poisson' in self.experts:  # (a3 H1 / (w^2 + eta)) H2
-            source = self._freq_param('source_freq', size) * (
-                log_route['poisson'].exp() / (omega_sq + self.eta))  # (H, W, N, 1)
-            field = source * self.source_channel  # (H, W, N, C/N)
-        shape = (h, w, self.embed_dims)
+            time = per_channel('wave_time') if 'wave_time' in params else \
+                physical(per_channel('heat_time'))  # share_time
+            wave = torch.cos((per_frequency('wave_coef') * omega_abs).unsqueeze(-1) * time)
+            spectral_filter = wave * route['wave'] if spectral_filter is None else \
+                torch.addcmul(spectral_filter, wave, route['wave'])
+        if 'poisson' in self.experts:  # (H1 / (w^2 + eta)) (a3 H2)
+            source = per_frequency('source_freq') * poisson_gain  # (L.., H, W, N)
+            field = source.unsqueeze(-1) * (per_channel('source_channel') * route['poisson'])
+        shape = (*lead, h, w, self.num_heads, self.head_dims)
         if spectral_filter is None:  # Poisson alone: the field replaces X (Eq. 9)
             spectral_filter = torch.zeros(shape, device=device, dtype=dtype)
         if field is None:
             field = torch.zeros(shape, device=device, dtype=dtype)
-        if self.init_mode == 'identity':  # (H, W, N, C/N) or (H, W, C) by C/N
-            gate = self.gate.to(dtype)
-            spectral_filter = torch.lerp(
-                torch.ones((), device=device, dtype=dtype),
-                spectral_filter.reshape(h, w, self.num_heads, -1), gate)
-            field = field.reshape(h, w, self.num_heads, -1) * gate
+        if self.init_mode == 'identity':  # X + g (Y_Eq11 - X), g per channel in a head
+            gate = per_channel('gate').to(dtype)
+            spectral_filter = torch.lerp(torch.ones((), device=device, dtype=dtype),
+                                         spectral_filter, gate)
+            field = field * gate
+        shape = (*(lead or (1, )), h * w, self.embed_dims) if flat else \
+            (*lead, h, w, self.embed_dims)
         return spectral_filter.reshape(shape), field.reshape(shape)
 
-    def _param_state(self, size, device, dtype) -> tuple:
-        """Identifies the parameters' current values: any in-place update (an
-        optimizer step) bumps a tensor's ``_version``; what replaces a tensor
-        (a load, ``.to()``, a switch of mode) clears the cache itself."""
-        return (size, device, dtype) + tuple(p._version for p in self.parameters())
+    def _param_state(self, *key) -> tuple:
+        """``key`` and the versions of the parameters (a merged unit's buffers),
+        which an in-place update bumps (a load, ``.to()`` clear the cache)."""
+        tensors = list(self.parameters()) + list(self.buffers())
+        return key + tuple(t._version for t in tensors)
 
     def clear_cache(self) -> None:
         """Forget the eval-mode filter and field. Loading, moving the unit and
@@ -362,14 +365,6 @@ class MoPPAUnit(nn.Module):
     def _apply(self, fn, recurse=True):  # .to(), .half(), .cuda(): new tensors
         self._eval_cache = None
         return super()._apply(fn, recurse)
-
-    def _cached_filter_and_field(self, size, device, dtype):
-        state = self._param_state(size, device, dtype)
-        if self._eval_cache is None or self._eval_cache[0] != state:
-            with torch.no_grad():
-                spectral_filter, field = self.filter_and_field(size, device, dtype)
-            self._eval_cache = (state, spectral_filter, field)
-        return self._eval_cache[1], self._eval_cache[2]
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Frequency maps saved on another reference grid (a checkpoint trained
@@ -411,12 +406,11 @@ class MoPPAUnit(nn.Module):
 
     # ----------------------------------------------------------------- forward
     def filter_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype the filter and field are built in for an input of
-        ``dtype``: float32 at least. In float16 ``a3 / (w^2 + eta)`` overflows
-        for ``eta`` below ~2e-5 and ``exp``/``cos`` lose most digits, so a half
-        precision input (or autocast) only changes the DCTs, never the filter."""
+        """The dtype the filter and field are built in for a spectrum of
+        ``dtype``: float32 at least (in float16 ``a3 / (w^2 + eta)`` overflows
+        for ``eta`` < ~2e-5, ``exp``/``cos`` lose digits), then cast to it."""
         own = self.merged_filter.dtype if self.merged else self.route_logits.dtype
-        return torch.promote_types(torch.promote_types(dtype, own), torch.float32)
+        return torch.float64 if torch.float64 in (dtype, own) else torch.float32
 
     # ----------------------------------------------------------------- merging
     merged = False
@@ -442,62 +436,76 @@ class MoPPAUnit(nn.Module):
         self._eval_cache = None
         return self
 
-    def _merged_filter_and_field(self, size, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        if tuple(size) != tuple(self.grid_size):
-            raise ValueError(
-                f'MoPPAUnit: merged for its reference grid {tuple(self.grid_size)}, '
-                f'got an input on the grid {tuple(size)}. A merged unit holds the '
-                'filter of one grid: merge a model built for this input size '
-                '(e.g. img_size), or run the unmerged model')
-        return self.merged_filter.to(dtype), self.merged_field.to(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (..., H, W, C), channel-last. Returns the same shape, in the
-        input's dtype (under autocast, in the dtype autocast gives the inverse
-        DCT).
-
-        The filter and field are built in :meth:`filter_dtype` with autocast
-        off, and the spectral multiply-add runs in that dtype too (type
-        promotion); the DCTs follow the input's dtype and autocast.
-        """
-        self._check_input(x)
-        spectrum = dct2d(x)
-        spectral_filter, field = self._filter_and_field_for(spectrum)
+    def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
+                extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                ) -> torch.Tensor:
+        """``x``: (..., H, W, C); or, with the (H, W) ``grid``, tokens (B, extra
+        + H*W, C), the ``extra`` first (a class token) unchanged. Returns the
+        same shape in the DCTs' dtype (the input's or autocast's). Kernels: the
+        DCT, one multiply-add with the filter and field (``terms`` from
+        :func:`unit_terms`, else cached or built, cast to the spectrum's
+        dtype), the inverse DCT; only the DCT's matmul casts activations."""
+        if grid is None:  # (..., H, W, C)
+            if x.dim() < 3 or x.shape[-1] != self.embed_dims:
+                raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
+                                 f'got {tuple(x.shape)}')
+            h, w, channels = x.shape[-3:]
+            _check_grid((h, w), 'the input grid')
+            return self.forward(x.reshape(-1, h * w, channels), (h, w)).view(x.shape)
+        _check_grid(grid, 'the input grid')
+        if x.dim() != 3 or tuple(x.shape[1:]) != (extra + grid[0] * grid[1], self.embed_dims):
+            raise ValueError(f'MoPPAUnit expects (B, {extra} + {grid[0]}*{grid[1]}, '
+                             f'{self.embed_dims}) tokens, got {tuple(x.shape)}')
+        if extra and dct_method(*grid, x.device) == 'separable':
+            # the separable passes take the grid tokens alone: split and join
+            out = self.forward(x[:, extra:], grid, terms=terms)  # (B, H*W, C)
+            return torch.cat([x[:, :extra].to(out.dtype), out], dim=1)
+        spectrum = dct_tokens(x, grid, extra=extra)
+        key = (grid, extra, spectrum.device, spectrum.dtype)
+        spectral_filter, field = terms or self._cached_terms(*key) or self._spectral_terms(*key)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
-        out = idct2d(spectrum)
-        if out.dtype == torch.float16 and not is_capturing() \
-                and not bool(torch.isfinite(out).all()) \
-                and bool(torch.isfinite(spectrum).all()):
-            # autocast's float16 inverse DCT: the output itself exceeds its range
-            raise FloatingPointError(
-                f'MoPPAUnit: the output exceeds float16\'s range (max |spectrum| '
-                f'{float(spectrum.abs().max()):.3g}, float16 max 65504) under '
-                'float16 autocast; the Poisson term a3 H1 / (w^2 + eta) grows as '
-                '1 / eta at the DC frequency. Use bfloat16 (--amp with '
-                "dtype='bfloat16') or float32, or a larger eta")
-        return out if torch.is_autocast_enabled(out.device.type) else out.to(x.dtype)
+        return dct_tokens(spectrum, grid, inverse=True, extra=extra)
 
-    def _filter_and_field_for(self, spectrum: torch.Tensor
-                              ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field for the DCT ``spectrum`` (..., H, W, C) of an
-        input, in :meth:`filter_dtype` of its dtype: the merged buffers, the
-        eval cache, or built."""
-        size = (spectrum.shape[-3], spectrum.shape[-2])
-        dtype = self.filter_dtype(spectrum.dtype)
-        use_cache = not self.training and not is_capturing() and not self.merged and not (
-            torch.is_grad_enabled() and self.route_logits.requires_grad)
-        with torch.autocast(spectrum.device.type, enabled=False):
+    def _cached_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
+                      dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_spectral_terms` from the eval cache, in eval mode without
+        gradients to the unit and when merged; None otherwise (always while a
+        graph is captured)."""
+        if is_capturing() or not (self.merged or not self.training and not (
+                torch.is_grad_enabled() and self.route_logits.requires_grad)):
+            return None
+        key = (tuple(grid), rows, device, dtype)
+        state = self._param_state(*key)
+        if self._eval_cache is None or self._eval_cache[0] != state:
+            with torch.no_grad():
+                self._eval_cache = (state, *self._spectral_terms(*key))
+        return self._eval_cache[1:]
+
+    def _spectral_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
+                        dtype: torch.dtype, params: Optional[Dict[str, torch.Tensor]] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The filter and field, (1, rows + H*W, C) each ((L, ...) from L units'
+        stacked ``params``), in ``dtype``, built in :meth:`filter_dtype` (or the
+        merged buffers); ``rows`` first rows of 1 and 0 for the extra tokens.
+        The leading 1 lets the multiply-add's backward sum the batch alone."""
+        with torch.autocast(device.type, enabled=False):
             if self.merged:
-                return self._merged_filter_and_field(size, dtype)
-            if use_cache:
-                return self._cached_filter_and_field(size, spectrum.device, dtype)
-            return self.filter_and_field(size, spectrum.device, dtype)
-
-    def _check_input(self, x: torch.Tensor) -> None:
-        if x.dim() < 3 or x.shape[-1] != self.embed_dims:
-            raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
-                             f'got {tuple(x.shape)}')
-        _check_grid((x.shape[-3], x.shape[-2]), 'the input grid')
+                if tuple(grid) != tuple(self.grid_size):
+                    raise ValueError(
+                        f'MoPPAUnit: merged for its reference grid {tuple(self.grid_size)}, got '
+                        f'an input on the grid {tuple(grid)}. A merged unit holds the filter of '
+                        'one grid: merge a model built for this input size (e.g. img_size), or '
+                        'run the unmerged model')
+                spectral_filter = self.merged_filter.view(1, -1, self.embed_dims)  # (1, H*W, C)
+                field = self.merged_field.view(1, -1, self.embed_dims)
+            else:
+                spectral_filter, field = self.filter_and_field(
+                    grid, device, self.filter_dtype(dtype), True, params)
+            spectral_filter, field = spectral_filter.to(dtype), field.to(dtype)
+            if rows:
+                spectral_filter = F.pad(spectral_filter, (0, 0, rows, 0), value=1.0)
+                field = F.pad(field, (0, 0, rows, 0))
+        return spectral_filter, field
 
     # -------------------------------------------------------------- reporting
     def extra_repr(self) -> str:
@@ -506,6 +514,51 @@ class MoPPAUnit(nn.Module):
                 f'eta={self.eta}, share_time={self.share_time}, '
                 f'resize_mode={self.resize_mode!r}, init_mode={self.init_mode!r}, '
                 f'heat_param={self.heat_param!r}' + (', merged=True' if self.merged else ''))
+
+
+class _Stack(torch.autograd.Function):
+    """``torch.stack``, its backward one ``unbind`` (autograd's: a select each)."""
+
+    @staticmethod
+    def forward(ctx, *tensors):
+        return torch.stack(tensors)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.unbind(0)
+
+
+def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extra: int,
+               like: torch.Tensor) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
+    """The filter and field (``terms`` of :meth:`MoPPAUnit.forward`) of each
+    unit (None for a unit that is None or off) for tokens like ``like`` (B,
+    extra + H*W, C) on ``grid``, built in ONE set of operations for the units
+    alike (options, parameter shapes, dtypes, devices, trainability) on their
+    stacked parameters, else from the eval caches. A backbone calls it once
+    per forward and hands each layer its unit's terms."""
+    device, dtype = like.device, matmul_dtype(like)
+    rows = extra if dct_method(*grid, device) == 'kron' else 0  # as forward pads
+    terms: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(units)
+    alike: Dict[tuple, List[int]] = {}
+    for index, unit in enumerate(units):
+        if unit is None or not getattr(unit, 'enabled', True):
+            continue
+        terms[index] = unit._cached_terms(grid, rows, device, dtype)
+        if terms[index] is not None:
+            continue
+        params = unit.named_parameters(recurse=False)
+        key = (type(unit), unit.extra_repr()) + tuple(
+            (name, p.shape, p.dtype, p.device, p.requires_grad) for name, p in params)
+        alike.setdefault(key, []).append(index)
+    for indices in alike.values():
+        group = [units[index] for index in indices]
+        names = [name for name, _ in group[0].named_parameters(recurse=False)]
+        params = None if len(group) == 1 else {  # (L, ...) each
+            name: _Stack.apply(*(getattr(unit, name) for unit in group)) for name in names}
+        built = group[0]._spectral_terms(grid, rows, device, dtype, params)
+        for index, spectral_filter, field in zip(indices, *(term.split(1) for term in built)):
+            terms[index] = (spectral_filter, field)  # (1, rows + H*W, C) each
+    return terms
 
 
 def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
@@ -534,5 +587,5 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
 
 __all__ = [
     'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
+    'unit_terms', 'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
 ]

@@ -89,15 +89,13 @@ def test_a_wrong_graph_is_refused(vit, tmp_path, monkeypatch):
     TorchScript exporter into a graph that runs and is wrong at other batch
     sizes. ``--verify`` catches it, says so, and deletes the file."""
     from moppa_mm.operators import MoPPAUnit
-    filter_and_field_for = MoPPAUnit._filter_and_field_for
+    forward = MoPPAUnit.forward
 
-    def reads_the_batch(self, spectrum):  # the tracer keeps the branch it took
-        spectral_filter, field = filter_and_field_for(self, spectrum)
-        if int(spectrum.shape[0]) != tool.EXPORT_BATCH:
-            spectral_filter = 2 * spectral_filter
-        return spectral_filter, field
+    def reads_the_batch(self, tokens, *args):  # the tracer keeps the branch it took
+        out = forward(self, tokens, *args)
+        return out if int(tokens.shape[0]) == tool.EXPORT_BATCH else 2 * out
 
-    monkeypatch.setattr(MoPPAUnit, '_filter_and_field_for', reads_the_batch)
+    monkeypatch.setattr(MoPPAUnit, 'forward', reads_the_batch)
     config, checkpoint = classifier_files(vit, tmp_path)
     output = str(tmp_path / 'wrong.onnx')
     with pytest.raises(SystemExit, match=r'onnxruntime and PyTorch differ by up to '

@@ -48,22 +48,51 @@ def test_autograd_through_dct():
     assert torch.autograd.gradcheck(lambda t: idct2d(dct2d(t) * 2.0), (x, ))
 
 
-def test_auto_method_picks_kron_for_small_grids(monkeypatch):
+def test_auto_method_is_chosen_per_device_type():
+    """Kronecker up to 8x8 on CPU, up to 14x14 on CUDA (a device object is
+    enough: no GPU is needed to resolve it); unmeasured types take CPU's."""
+    from moppa_mm.operators.dct import KRON_MAX_TOKENS, dct_method
+    assert KRON_MAX_TOKENS == {'cpu': 64, 'cuda': 196}
+    for device in ('cpu', torch.device('cpu'), 'mps'):
+        assert dct_method(8, 8, device) == 'kron'
+        assert dct_method(9, 8, device) == 'separable'
+    for device in ('cuda', torch.device('cuda', 1)):
+        assert dct_method(14, 14, device) == 'kron'
+        assert dct_method(15, 14, device) == 'separable'
+    assert dct_method(50, 50, 'cuda', 'kron') == 'kron'
+    assert dct_method(2, 2, 'cuda', 'separable') == 'separable'
+
+
+def test_kron_basis_is_the_separable_transform_and_passes_extra_tokens():
     from moppa_mm.operators import dct as dct_module
-    calls = []
-    kron_transform = dct_module._kron_transform
-    monkeypatch.setattr(dct_module, '_kron_transform',
-                        lambda x, basis: calls.append(x.shape) or kron_transform(x, basis))
     small = torch.randn(2, 7, 7, 3, dtype=torch.float64)
-    big = torch.randn(2, 9, 8, 3, dtype=torch.float64)  # 72 > 64 tokens
-    dct2d(small), idct2d(small), dct2d(big), idct2d(big)
-    assert dct_module.KRON_MAX_TOKENS == 64
-    assert calls == [small.shape, small.shape]
-    # the Kronecker basis is the separable transform written as one matrix
     basis = dct_module.kron_basis(7, 7, device='cpu', dtype=torch.float64)
+    assert dct_module.kron_basis(7, 7, device='cpu', dtype=torch.float64) is basis
     expected = (basis @ small.reshape(2, 49, 3)).reshape(small.shape)
     torch.testing.assert_close(dct2d(small, 'separable'), expected)
-    assert dct_module.kron_basis(7, 7, device='cpu', dtype=torch.float64) is basis
+    # one leading token (a class token) passes unchanged, the grid is transformed
+    tokens = torch.randn(2, 1 + 49, 3, dtype=torch.float64)
+    for inverse, transform in ((False, dct2d), (True, idct2d)):
+        out = dct_module.dct_tokens(tokens, (7, 7), 'kron', inverse=inverse, extra=1)
+        torch.testing.assert_close(out[:, :1], tokens[:, :1], atol=0, rtol=0)
+        torch.testing.assert_close(out[:, 1:], transform(tokens[:, 1:].reshape(2, 7, 7, 3),
+                                                         'separable').reshape(2, 49, 3))
+    with pytest.raises(ValueError, match='separable DCT takes the grid tokens alone'):
+        dct_module.dct_tokens(tokens, (7, 7), 'separable', extra=1)
+    with pytest.raises(ValueError, match=r'expected \(B, 1 \+ 7\*6, C\) tokens'):
+        dct_module.dct_tokens(tokens, (7, 6), extra=1)
+
+
+def test_bases_take_autocasts_dtype():
+    """Under autocast the bases come in autocast's dtype, so that the matmul
+    casts the activations alone (no cast of the basis at every call)."""
+    x = torch.randn(2, 7, 7, 4)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = dct2d(x)
+    assert out.dtype == torch.bfloat16
+    from moppa_mm.operators.dct import kron_basis
+    assert kron_basis(7, 7, device='cpu', dtype=torch.bfloat16).dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), dct2d(x), atol=0.05, rtol=0.02)
 
 
 def test_bad_input():

@@ -308,15 +308,56 @@ def test_load_state_dict_refuses_nan_or_inf():
     assert torch.equal(unit.heat_coef, before)
 
 
-def test_float16_autocast_overflow_is_named_not_returned_as_inf():
-    from moppa_mm.operators.moppa_unit import MoPPAUnit
-    unit = MoPPAUnit(embed_dims=8, num_heads=2, grid_size=4, eta=1e-9)
-    with torch.no_grad():
-        unit.source_freq.fill_(1.0)
-        unit.source_channel.fill_(1.0)
-    x = torch.randn(2, 4, 4, 8)
-    with torch.autocast('cpu', dtype=torch.float16):
-        with pytest.raises(FloatingPointError, match=r"exceeds float16's range"):
-            unit(x)
-    with torch.autocast('cpu', dtype=torch.bfloat16):  # the advised way: finite
-        assert torch.isfinite(unit(x)).all()
+@pytest.mark.parametrize('options', [
+    dict(),
+    dict(init_mode='identity', heat_param='softplus', share_time=True),
+    dict(experts=('wave', 'poisson')),
+])
+@pytest.mark.parametrize('grid', [(4, 5), (6, 3)])  # the reference grid, a resized one
+def test_units_built_together_equal_each_built_alone(options, grid):
+    """``unit_terms`` builds the filters and fields of alike units in one go,
+    their parameters stacked: each unit gets what its own build gives, values
+    and gradients; a unit not alike, a None and a switched-off unit are
+    served apart; the stacked build passes gradcheck (float64, on a grid
+    that resizes the frequency maps)."""
+    from moppa_mm.operators import unit_terms
+    units = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        units.append(MoPPAUnit(6, 3, (4, 5), **options).double())
+        with torch.no_grad():
+            for p in units[-1].parameters():
+                p.uniform_(-0.5, 0.9)
+    other, off = make_unit(4, 5, 6, 3, experts=('heat', )), make_unit(4, 5, 6, 3)
+    off.enabled = False
+    units += [other, None, off]
+    tokens = torch.randn(2, 1 + grid[0] * grid[1], 6, dtype=torch.float64)
+    terms = unit_terms(units, grid, 1, tokens)
+    assert terms[4] is None and terms[5] is None
+    weights = [torch.randn(2, 1 + grid[0] * grid[1], 6, dtype=torch.float64) for _ in range(2)]
+
+    def weighted(pairs):  # a scalar of every filter and field
+        return sum((term * weight).sum() for pair in pairs for term, weight in zip(pair, weights))
+
+    together = weighted(terms[:4])
+    params = [p for unit in units[:4] for p in unit.parameters()]
+    grads_together = torch.autograd.grad(together, params)
+    alone = [unit._spectral_terms(grid, 1, tokens.device, tokens.dtype)
+             for unit in units[:4]]
+    for pair, own in zip(terms, alone):
+        assert pair[0].shape == (1, 1 + grid[0] * grid[1], 6)
+        for got, want in zip(pair, own):
+            torch.testing.assert_close(got, want, atol=1e-14, rtol=0)
+    for got, want in zip(grads_together, torch.autograd.grad(weighted(alone), params)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    from moppa_mm.operators.moppa_unit import _Stack
+    names = [name for name, _ in units[0].named_parameters()]
+
+    def build(*flat):  # the stacked build, of the three units' parameters
+        params = {name: _Stack.apply(*flat[i::len(names)]) for i, name in enumerate(names)}
+        return units[0]._spectral_terms(grid, 1, tokens.device, tokens.dtype, params)
+
+    if grid != units[0].grid_size:  # once per option set, through the resizing
+        flat = [p.detach().clone().requires_grad_(True) for unit in units[:3]
+                for p in unit.parameters()]
+        assert torch.autograd.gradcheck(build, flat)

@@ -34,7 +34,7 @@ from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..converters import check_converted
-from ..layers.scale_shift import ScaleShift, _RunsScaleShift, check_scale_floors
+from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import model_hooks
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
@@ -119,8 +119,6 @@ class AdapterMixin(RouteLossMixin):
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.params_not_in_base))
             watch_first_step(self)  # the adapters' lr (.optimizer_check)
-        # the scale & shift layers, found once (a plain list: deepcopy remaps it)
-        self._scale_shifts = [m for m in self.modules() if isinstance(m, ScaleShift)]
         self.register_forward_pre_hook(self._check_before_training)
         self._init_route_loss(route_loss_weight, route_schedule)
         self._register_load_state_dict_pre_hook(self._check_load_alone)
@@ -331,15 +329,10 @@ class AdapterMixin(RouteLossMixin):
 
     # ------------------------------------------------------------ training
     def _check_before_training(self, module, args) -> None:
-        """Before a forward that will need gradients: a pre-trained frozen base
-        (in training mode), and the scale & shift layers' floors, all at once
-        (one device read-back per step, not one per layer)."""
-        if not torch.is_grad_enabled() or is_capturing():
-            return
-        if self.training:
+        """Before a forward that will need gradients, in training mode: a
+        frozen base must be a pre-trained one (:meth:`check_base_for_training`)."""
+        if self.training and torch.is_grad_enabled() and not is_capturing():
             self.check_base_for_training()
-        if self._scale_shifts:
-            check_scale_floors(self._scale_shifts)
 
     @property
     def moppa_cfg(self) -> Dict[str, Any]:
@@ -394,7 +387,6 @@ class AdapterMixin(RouteLossMixin):
             unit.merge_()
         for param in self.parameters():
             param.requires_grad_(False)
-        self._scale_shifts = []
         self.merged = True
         return self
 

@@ -13,7 +13,7 @@ from mmpretrain.models.backbones.vision_transformer import TransformerEncoderLay
 from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
-from moppa_mm.operators import MoPPAUnit
+from moppa_mm.operators import MoPPAUnit, unit_terms
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
@@ -41,35 +41,34 @@ class ViTMoPPAUnit(MoPPAUnit):
             f'{self.grid_size} and not square. Call the layer through the '
             'backbone, whose patch embedding gives the grid')
 
-    def forward_tokens(self, x: torch.Tensor,
-                       grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def forward_tokens(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
+                       terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                       ) -> torch.Tensor:
         """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
-        (H, W) ``grid`` (None: :meth:`patch_grid`)."""
+        (H, W) ``grid`` (None: :meth:`patch_grid`); ``terms``: its filter and
+        field, made by the backbone for all its units at once (None: its own;
+        :meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
         if not self.enabled:
             return x
-        batch, tokens, channels = x.shape
         grid = tuple(grid) if grid is not None else \
-            self.patch_grid(tokens - self.num_extra_tokens)
-        if tokens != self.num_extra_tokens + grid[0] * grid[1]:
-            raise ValueError(f'expected (B, {self.num_extra_tokens} + {grid[0]}*{grid[1]}, '
-                             f'{channels}) tokens, got {tuple(x.shape)}')
-        extra, patches = x.split([self.num_extra_tokens, tokens - self.num_extra_tokens], dim=1)
-        patches = self(patches.reshape(batch, *grid, channels))  # (B, H, W, C), a view in
-        return torch.cat([extra, patches.reshape(batch, -1, channels)], dim=1)
+            self.patch_grid(x.shape[1] - self.num_extra_tokens)
+        return self(x, grid, self.num_extra_tokens, terms)
 
 
 class MoPPAEncoderLayer(TransformerEncoderLayer):
     """mmpretrain's ``TransformerEncoderLayer`` with the layer's MoPPA unit
     (``moppa``, when it has one) between ``ln1`` and the attention."""
 
-    def forward(self, x: torch.Tensor,
-                patch_grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
+                unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W), None for the
-        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`)."""
+        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`);
+        ``unit_terms``: the unit's filter and field, from the backbone
+        (:func:`~moppa_mm.operators.unit_terms`; None: the unit's own)."""
         attn_input = self.ln1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
-            attn_input = unit.forward_tokens(attn_input, patch_grid)
+            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms)
         x = x + self.attn(attn_input)
         return self.ffn(self.ln2(x), identity=x)
 
@@ -186,8 +185,9 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
 
     def forward(self, x: torch.Tensor) -> tuple:
         """mmpretrain's ``VisionTransformer.forward`` with one change: every
-        layer is called with the patch grid of this forward
-        (``layer(x, patch_resolution)``), which the patch embedding returns."""
+        layer is called with the patch grid of this forward, which the patch
+        embedding returns, and its unit's filter and field, made for all units
+        at once (:func:`~moppa_mm.operators.unit_terms`)."""
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)  # (B, H*W, C), (H, W)
         if self.cls_token is not None:
@@ -196,9 +196,11 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
                                  mode=self.interpolate_mode,
                                  num_extra_tokens=self.num_extra_tokens)
         x = self.pre_norm(self.drop_after_pos(x))  # (B, extra + H*W, C)
+        terms = unit_terms([layer._modules.get('moppa') for layer in self.layers],
+                           patch_resolution, self.num_extra_tokens, x)
         outs = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, patch_resolution)
+            x = layer(x, patch_resolution, terms[i])
             if i == len(self.layers) - 1 and self.final_norm:
                 x = self.ln1(x)
             if i in self.out_indices:

@@ -8,6 +8,7 @@ from mmseg.models.backbones import VisionTransformer
 from mmseg.models.backbones.vit import TransformerEncoderLayer
 from mmseg.registry import MODELS
 
+from moppa_mm.operators import unit_terms
 from ..layers.scale_shift import attach_ffn_scale_shift
 from .moppa_vit import ViTAdapterMixin
 
@@ -16,21 +17,23 @@ class MoPPAEncoderLayerSeg(TransformerEncoderLayer):
     """mmseg's ``TransformerEncoderLayer`` with the layer's MoPPA unit
     (``moppa``, when it has one) between ``ln1`` and the attention."""
 
-    def forward(self, x: torch.Tensor,
-                patch_grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
+                unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W), None for the
-        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`).
-        ``with_cp`` checkpoints it as the base class does."""
+        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`);
+        ``unit_terms``: the unit's filter and field, from the backbone (None:
+        the unit's own). ``with_cp`` checkpoints it as the base class does."""
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self.forward_inner, x, patch_grid, use_reentrant=True)
-        return self.forward_inner(x, patch_grid)
+            return cp.checkpoint(self.forward_inner, x, patch_grid, *(unit_terms or ()),
+                                 use_reentrant=True)
+        return self.forward_inner(x, patch_grid, *(unit_terms or ()))
 
-    def forward_inner(self, x: torch.Tensor,
-                      patch_grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+    def forward_inner(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
+                      *unit_terms: torch.Tensor) -> torch.Tensor:
         attn_input = self.norm1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
-            attn_input = unit.forward_tokens(attn_input, patch_grid)
+            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms or None)
         x = self.attn(attn_input, identity=x)
         return self.ffn(self.norm2(x), identity=x)
 
@@ -62,8 +65,9 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
 
     def forward(self, inputs: torch.Tensor) -> tuple:
         """mmseg's ``VisionTransformer.forward`` with one change: every layer
-        is called with the patch grid of this forward (``layer(x, hw_shape)``),
-        which the patch embedding returns."""
+        is called with the patch grid of this forward, which the patch
+        embedding returns, and its unit's filter and field, made for all units
+        at once (:func:`~moppa_mm.operators.unit_terms`)."""
         batch = inputs.shape[0]
         x, hw_shape = self.patch_embed(inputs)  # (B, H*W, C), (H, W)
         x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)
@@ -72,11 +76,13 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
             x = x[:, 1:]  # (B, H*W, C)
         if self.pre_norm:
             x = self.pre_ln(x)
+        terms = unit_terms([layer._modules.get('moppa') for layer in self.layers], hw_shape,
+                           int(self.with_cls_token), x)
         outs = []
         if self.out_origin:
             outs.append(self._format_output(x, hw_shape))
         for i, layer in enumerate(self.layers):
-            x = layer(x, hw_shape)
+            x = layer(x, hw_shape, terms[i])
             if i == len(self.layers) - 1 and self.final_norm:
                 x = self.norm1(x)
             if i in self.out_indices:

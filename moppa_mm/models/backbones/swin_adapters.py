@@ -36,19 +36,14 @@ class SwinMoPPAUnit(MoPPAUnit):
         """The unit on the (shifted) windows the attention sees."""
         if not self.enabled:
             return windows
-        num_windows, _, channels = windows.shape  # (B*nW, Wh*Ww, C)
-        windows = self(windows.view(num_windows, *self.grid_size,
-                                    channels))  # (B*nW, Wh, Ww, C)
-        return windows.view(num_windows, -1, channels)  # (B*nW, Wh*Ww, C)
+        return self(windows, self.grid_size)  # (B*nW, Wh*Ww, C)
 
     def forward_tokens(self, tokens: torch.Tensor,
                        hw_shape: Tuple[int, int]) -> torch.Tensor:
         """The unit on the block's whole (H, W) feature map."""
         if not self.enabled:
             return tokens
-        batch, _, channels = tokens.shape  # (B, H*W, C)
-        tokens = self(tokens.view(batch, *hw_shape, channels))  # (B, H, W, C)
-        return tokens.view(batch, -1, channels)  # (B, H*W, C)
+        return self(tokens, hw_shape)  # (B, H*W, C)
 
     def extra_repr(self) -> str:
         return f'scope={self.scope}, {super().extra_repr()}'

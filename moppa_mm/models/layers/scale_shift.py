@@ -5,15 +5,13 @@ checkpoints have always had it (``attn.ssf_value``, ``ffn.ssf_fc1``,
 ``patch_embed.ssf_proj``...); the layer whose output it scales is swapped for
 a subclass whose ``forward`` runs it, adopting the layer's own parameters (so
 their names do not change either), as mmpretrain's ``LoRALinear`` wraps a
-linear layer:
-
-- :class:`LinearScaleShift` for an ``nn.Linear`` (the attention's qkv and
-  output projections, both MLP layers): where the layer is frozen the scale &
-  shift run inside its matmul (:class:`_LinearScaleShift`);
-- :class:`Conv2dScaleShift` for an ``nn.Conv2d`` (the patch embedding's
-  projection).
+linear layer: :class:`LinearScaleShift` for an ``nn.Linear`` (the attention's
+qkv and output projections, both MLP layers), :class:`Conv2dScaleShift` for an
+``nn.Conv2d`` (the patch embedding's projection). Both fold the scale & shift
+into the layer's weight and bias (:func:`_folded`): one multiply of a small
+tensor, no pass over the activations.
 """
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,89 +20,80 @@ from torch.autograd.function import once_differentiable
 
 from moppa_mm.operators.tracing import is_capturing
 
-# The fused linear path recovers the layer's raw output from its scaled one,
-# ``x = (y - shift) / scale``; a scale this close to 0 would lose digits there,
-# so such a layer takes the plain path (which keeps ``x`` itself).
-SCALE_FLOOR = 1e-3
 
-
-def _scale_rows(rows: torch.Tensor, scale: torch.Tensor, offset: int,
-                shift: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``rows[offset:offset + len(scale)] * scale (+ shift)`` along dim 0, the
-    other rows unchanged: one copy (a weight (out, in) or a bias (out,))."""
-    end = offset + scale.numel()
-    factor = scale.view(-1, *([1] * (rows.dim() - 1)))
-    part = rows[offset:end] * factor if shift is None else \
-        torch.addcmul(shift, rows[offset:end], factor)
-    if (offset, end) == (0, rows.shape[0]):
-        return part
-    return torch.cat([rows[:offset], part, rows[end:]])
-
-
-def _scaled_weight(weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   scale: torch.Tensor, shift: torch.Tensor,
-                   offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Tensor,
+            shift: torch.Tensor, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
-    output channels ``[offset, offset + len(scale))``, the others unchanged."""
-    if bias is None:
-        bias = weight.new_zeros(weight.shape[0])
-    return _scale_rows(weight, scale, offset), _scale_rows(bias, scale, offset, shift)
+    output channels ``[offset, offset + len(scale))``, the others unchanged
+    (a linear layer's weight (out, in), or a convolution's (out, in, kh, kw))."""
+    out_features = weight.shape[0]
+    if (offset, scale.numel()) != (0, out_features):  # 1 and 0 outside the slice
+        pad = (offset, out_features - offset - scale.numel())
+        scale, shift = F.pad(scale, pad, value=1.0), F.pad(shift, pad)
+    folded_weight = weight * scale.view(-1, *[1] * (weight.dim() - 1))  # (out, in, ...)
+    return folded_weight, shift if bias is None else torch.addcmul(shift, bias, scale)
 
 
 class _LinearScaleShift(torch.autograd.Function):
     """``y = (a W^T + c) * scale + shift`` on output channels ``[offset,
-    offset + d)`` of a linear layer whose ``W`` and ``c`` are frozen.
-
-    Forward: one matmul with the slice's weight rows scaled (no pass over the
-    activation). Backward: ``grad a = g W'``, the matmul the layer's backward
-    does anyway; ``grad shift`` and ``grad scale`` are column reductions of
-    ``g``, the latter against the raw output ``x = (y - shift) / scale``
-    recovered from ``y``. Keeping ``y`` costs no memory where the next
-    operation keeps it too (the GELU after the first MLP layer, attention's
-    q, k, v views of the qkv output), where autograd's ``y = x * s + b`` keeps
-    ``x``, another tensor as large. Under autocast the matmul runs in
-    autocast's dtype, the reductions in float32.
-    """
+    offset + d)`` of a frozen linear layer: one matmul with the folded weight
+    and bias. Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as
+    autocast's plain layer keeps its own, else rebuilt), ``grad shift = sum
+    g``, ``grad scale = sum g x`` with the raw output recovered, ``x = (y - c'
+    + scale c) / scale`` (``c'`` the folded bias as the matmul added it). No
+    weight-gradient matmul (autograd's fold needs one), no second activation:
+    the next operation keeps ``y`` anyway (fc1's GELU, attention's q, k, v).
+    No floor on the scale: ``y - c'`` is exact where the two are close
+    (Sterbenz), so each term errs by at most its matmul part ``g (x - c)``:
+    near 0 the gradient can lose that part, never grow past it (at exactly 0
+    it is lost: 0, not NaN)."""
 
     @staticmethod
     def forward(ctx, inputs, weight, bias, scale, shift, offset):
         device = inputs.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(
             device) else torch.promote_types(inputs.dtype, weight.dtype)
-        scaled_weight, scaled_bias = _scaled_weight(weight, bias, scale, shift, offset)
+        folded_weight, folded_bias = _folded(weight, bias, scale, shift, offset)
+        folded_weight, folded_bias = folded_weight.to(dtype), folded_bias.to(dtype)
         with torch.autocast(device, enabled=False):
-            out = F.linear(inputs.to(dtype), scaled_weight.to(dtype),
-                           scaled_bias.to(dtype))
-        ctx.offset, ctx.input_dtype = offset, inputs.dtype
-        # the scaled weight is rebuilt in backward (a pass over the weight)
-        # rather than kept: kept, it would cost the layer's weight in memory
-        ctx.save_for_backward(out, weight, scale, shift)
+            out = F.linear(inputs.to(dtype), folded_weight, folded_bias)
+        part = slice(offset, offset + scale.numel())
+        if (offset, scale.numel()) != (0, out.shape[-1]):
+            folded_bias, bias = folded_bias[part], None if bias is None else bias[part]
+        # y - recovery = (x - c) scale + c scale = x scale, on the scaled channels
+        recovery = folded_bias if bias is None else \
+            torch.addcmul(folded_bias, bias, scale, value=-1)
+        ctx.part, ctx.input_dtype = part, inputs.dtype
+        ctx.rebuild = folded_weight.dtype == weight.dtype  # not a cast: keep W alone
+        ctx.save_for_backward(out, weight if ctx.rebuild else folded_weight, recovery,
+                              scale, shift)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        out, weight, scale, shift = ctx.saved_tensors
+        out, weight, recovery, scale, shift = ctx.saved_tensors
         grad_inputs = grad_scale = grad_shift = None
         if ctx.needs_input_grad[0]:
-            scaled_weight = _scale_rows(weight, scale, ctx.offset)
-            grad_inputs = grad.matmul(scaled_weight.to(grad.dtype)).to(ctx.input_dtype)
+            if ctx.rebuild:
+                weight = _folded(weight, None, scale, shift, ctx.part.start)[0]
+            flat = grad.reshape(-1, grad.shape[-1])  # (N, out)
+            grad_inputs = flat.mm(weight).view(*grad.shape[:-1], -1).to(ctx.input_dtype)
         if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-            end = ctx.offset + scale.numel()
-            flat = grad.reshape(-1, grad.shape[-1])[:, ctx.offset:end]  # (N, d)
-            dtype = torch.promote_types(scale.dtype, torch.float32)
-            grad_shift = flat.to(dtype).sum(0)
-            if ctx.needs_input_grad[3]:
-                kept = out.reshape(flat.shape[0], -1)[:, ctx.offset:end]  # (N, d)
-                grad_scale = (torch.linalg.vecdot(flat.to(dtype), kept.to(dtype), dim=0)
-                              - shift * grad_shift) / scale
-            grad_scale = grad_scale.to(scale.dtype) if grad_scale is not None else None
-            grad_shift = grad_shift.to(shift.dtype)
+            if (ctx.part.start, ctx.part.stop) != (0, out.shape[-1]):
+                grad, out = grad[..., ctx.part], out[..., ctx.part]
+            tokens = tuple(range(grad.dim() - 1))
+            grad_shift = grad.sum(tokens, dtype=scale.dtype)  # (d,)
+            if ctx.needs_input_grad[3]:  # sum g x = sum g (y - recovery) / scale
+                raw = (out - recovery).mul_(grad).sum(tokens, dtype=scale.dtype)
+                grad_scale = raw.div_(scale).nan_to_num_(nan=0.0)  # 0 / 0 at scale 0
         return grad_inputs, None, None, grad_scale, grad_shift, None
 
 
 class ScaleShift(nn.Module):
-    """``y = x * scale + shift`` over ``dims`` channels; identity at init.
+    """``y = x * scale + shift`` over ``dims`` channels of a layer's output;
+    identity at init. The layer that runs it folds it into its weight and
+    bias (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`).
 
     Args:
         dims (int): Channels scaled and shifted.
@@ -123,68 +112,13 @@ class ScaleShift(nn.Module):
         self.offset = offset
         self.scale = nn.Parameter(torch.ones(dims))
         self.shift = nn.Parameter(torch.zeros(dims))
-        self._floor_check = (None, False)  # (scale's _version, scale >= floor)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.scale)
         nn.init.zeros_(self.shift)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Scale & shift channels ``[offset, offset + dims)`` of ``x``; the
-        others pass unchanged. One fused pass (``addcmul``): outside the slice
-        the scale is 1 and the shift 0, so nothing is split or concatenated."""
-        channels = x.shape[self.channel_dim]
-        scale, shift = self.scale, self.shift
-        if (self.offset, self.dims) != (0, channels):
-            pad = (self.offset, channels - self.offset - self.dims)
-            scale = F.pad(scale, pad, value=1.0)
-            shift = F.pad(shift, pad)
-        shape = [1] * x.dim()
-        shape[self.channel_dim] = channels
-        return torch.addcmul(shift.view(shape), x, scale.view(shape))
-
-    def _scale_state(self) -> int:
-        """The scale's version: an in-place update bumps it; a load or a move
-        (which replace the tensor) forget the check themselves."""
-        return self.scale._version
-
-    def _forget_floor_check(self) -> None:
-        self._floor_check = (None, False)
-
-    def _apply(self, fn, recurse=True):
-        self._forget_floor_check()
-        return super()._apply(fn, recurse)
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        self._forget_floor_check()
-        super()._load_from_state_dict(*args, **kwargs)
-
-    def _scale_clear_of_zero(self) -> bool:
-        """``|scale| >= SCALE_FLOOR`` everywhere; checked once per value of the
-        parameter (an optimizer step bumps its version). The backbones check
-        all their scale & shift layers at once before each forward
-        (:func:`check_scale_floors`: one read-back from the device per step)."""
-        if self._floor_check[0] != self._scale_state():
-            check_scale_floors([self])
-        return self._floor_check[1]
-
     def extra_repr(self) -> str:
         return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'
-
-
-def check_scale_floors(layers: Sequence[ScaleShift]) -> None:
-    """Check ``|scale| >= SCALE_FLOOR`` for every layer whose scale changed
-    since its last check, reading the results back from the device once."""
-    stale = [layer for layer in layers if layer._floor_check[0] != layer._scale_state()]
-    if not stale:
-        return
-    with torch.no_grad():
-        minima = [layer.scale.detach().abs().min() for layer in stale]
-        devices = {m.device for m in minima}
-        minima = torch.stack(minima).tolist() if len(devices) == 1 else \
-            [m.item() for m in minima]
-    for layer, minimum in zip(stale, minima):
-        layer._floor_check = (layer._scale_state(), minimum >= SCALE_FLOOR)
 
 
 def refer_to(module: nn.Module, name: str, target: nn.Module) -> None:
@@ -213,20 +147,24 @@ class _RunsScaleShift:
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, scale_shift={self.scale_shift_name}'
 
+    def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The weight and bias with the scale & shift folded in (the layer's
+        own where the adapters are switched off)."""
+        scale_shift = self.scale_shift
+        if not scale_shift.enabled:
+            return self.weight, self.bias
+        return _folded(self.weight, self.bias, scale_shift.scale, scale_shift.shift,
+                       scale_shift.offset)
+
     def merged_layer(self) -> nn.Module:
         """The plain layer (``nn.Linear`` / ``nn.Conv2d``) computing the same
         output with the scale & shift folded into new frozen weights:
         ``W' = W * scale``, ``c' = c * scale + shift`` on the scaled output
         channels. This layer's own tensors are left as they are (a base shared
         with other models stays intact)."""
-        scale_shift = self.scale_shift
         plain = self._plain_layer()
         with torch.no_grad():
-            if scale_shift.enabled:
-                weight, bias = _scaled_weight(self.weight, self.bias, scale_shift.scale,
-                                              scale_shift.shift, scale_shift.offset)
-            else:
-                weight, bias = self.weight, self.bias
+            weight, bias = self.folded()
             plain.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
             plain.bias = None if bias is None else \
                 nn.Parameter(bias.detach().clone().to(weight.dtype), requires_grad=False)
@@ -234,13 +172,10 @@ class _RunsScaleShift:
 
 
 class LinearScaleShift(_RunsScaleShift, nn.Linear):
-    """``nn.Linear`` with a :class:`ScaleShift` on its output.
-
-    Where a backward will come, the layer is frozen and the scale clear of
-    zero, the scale & shift run inside the matmul (:class:`_LinearScaleShift`:
-    it saves the output, which the GELU after ``fc1`` keeps anyway, instead of
-    a second tensor as large; docs/benchmarks.md); otherwise the layer's output
-    is scaled and shifted.
+    """``nn.Linear`` with a :class:`ScaleShift` on its output, folded into the
+    weight and bias: one matmul, no pass over the activations. Frozen, with a
+    backward to come, it runs :class:`_LinearScaleShift` (no weight-gradient
+    matmul, no second activation kept); otherwise autograd differentiates it.
 
     Args:
         linear (nn.Linear): The layer; its ``weight`` and ``bias`` are adopted.
@@ -258,26 +193,22 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         scale_shift = self.scale_shift
-        if not scale_shift.enabled:
-            return F.linear(inputs, self.weight, self.bias)
-        if self._fused(inputs):
+        if scale_shift.enabled and self._fused(inputs):
             return _LinearScaleShift.apply(inputs, self.weight, self.bias, scale_shift.scale,
                                            scale_shift.shift, scale_shift.offset)
-        return scale_shift(F.linear(inputs, self.weight, self.bias))
+        return F.linear(inputs, *self.folded())
 
     def _fused(self, inputs: torch.Tensor) -> bool:
         """Whether :class:`_LinearScaleShift` runs: a backward will come, the
-        layer is frozen, its scale clear of zero, and the forward is run, not
-        captured (a graph compiler or exporter gets the plain form)."""
+        layer is frozen, and the forward is run, not captured (a graph
+        compiler or exporter gets the plain form)."""
         scale_shift = self.scale_shift
         if not torch.is_grad_enabled() or is_capturing() or not (
                 inputs.requires_grad or scale_shift.scale.requires_grad
                 or scale_shift.shift.requires_grad):
             return False
-        frozen = not self.weight.requires_grad and (
+        return not self.weight.requires_grad and (
             self.bias is None or not self.bias.requires_grad)
-        return frozen and scale_shift.channel_dim in (-1, inputs.dim() - 1) and \
-            scale_shift._scale_clear_of_zero()
 
     def _plain_layer(self) -> nn.Linear:
         return nn.Linear(self.in_features, self.out_features, device='meta')
@@ -308,8 +239,7 @@ class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):
                          self.padding_mode, device='meta')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x)  # (B, C, H, W)
-        return self.scale_shift(out) if self.scale_shift.enabled else out
+        return self._conv_forward(x, *self.folded())  # (B, C, H, W)
 
 
 def scale_shift_projection(patch_embed: nn.Module, dims: int) -> None:

@@ -83,8 +83,7 @@ def module_hooks(model: nn.Module) -> dict:
 def test_forward_registers_no_hooks(name):
     """Built, and after an eval and a training forward and backward: the only
     module hook is the backbone's check before a forward with gradients (the
-    base is a pre-trained one; the scale floors, one device read-back per
-    step), and none is global."""
+    base is a pre-trained one), and none is global."""
     build, size, _ = MODELS[name]
     model = build(random_base=True)  # trains on its random base
     expected = {'': ['_check_before_training']}
@@ -142,7 +141,7 @@ def test_tracebacks_name_the_module_that_runs_the_adapter():
     model = swin_det().eval()
     unit = model.stages[0].blocks[0].moppa
 
-    def fail(windows):
+    def fail(windows, grid):
         raise RuntimeError('unit failed')
 
     unit.forward = fail

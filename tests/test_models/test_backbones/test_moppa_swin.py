@@ -63,7 +63,7 @@ def test_window_unit_sees_the_attention_windows():
     unit.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     with torch.no_grad():
         moppa(torch.randn(1, 3, 60, 90))  # 15x23 tokens -> padded to 21x28
-    assert seen == [torch.Size([3 * 4, 7, 7, 16])]  # (B*nW, Wh, Ww, C)
+    assert seen == [torch.Size([3 * 4, 7 * 7, 16])]  # (B*nW, Wh*Ww, C), on the (7, 7) grid
     assert unit.grid_size == (7, 7)
 
 
@@ -75,7 +75,7 @@ def test_global_unit_resizes_to_the_feature_map():
     unit.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     with torch.no_grad():
         moppa(torch.randn(1, 3, 60, 90))
-    assert seen == [torch.Size([1, 15, 23, 16])]
+    assert seen == [torch.Size([1, 15 * 23, 16])]  # (B, H*W, C)
 
 
 def test_official_checkpoint_through_mmdet_converter_loads(tmp_path):
@@ -277,7 +277,7 @@ def test_block_forward_is_written_out(scope):
             seen = []
             block.moppa.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
             block(x, hw_shape)
-            assert seen == [torch.Size([2 * 2 * 2, 7, 7, 16])]  # (B*nW, Wh, Ww, C)
+            assert seen == [torch.Size([2 * 2 * 2, 7 * 7, 16])]  # (B*nW, Wh*Ww, C)
 
 
 @pytest.mark.parametrize('scope', ['window', 'global'])
