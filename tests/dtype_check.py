@@ -34,6 +34,7 @@ this project uses it).
 """
 import collections
 import contextlib
+import os.path as osp
 import traceback
 from typing import List, Optional
 
@@ -41,6 +42,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+import moppa_mm
 
 aten = torch.ops.aten
 
@@ -74,12 +77,18 @@ def floating_dtypes(args, kwargs) -> List[torch.dtype]:
     return dtypes
 
 
+# the package's and the tests' folders (not a path that merely contains 'moppa_mm':
+# a clone named moppa_mm holds its .venv, torch included)
+_PROJECT_DIRS = tuple(osp.join(osp.dirname(osp.abspath(path)), '') for path in (
+    moppa_mm.__file__, __file__))
+
+
 def _callers(depth: int = 3) -> str:
     """The innermost ``depth`` frames of this project (package or tests) on
     the stack, innermost first."""
     frames = [f'{frame.filename}:{frame.lineno} ({frame.name})'
               for frame in reversed(traceback.extract_stack())
-              if ('moppa_mm' in frame.filename or '/tests/' in frame.filename)
+              if frame.filename.startswith(_PROJECT_DIRS)
               and not frame.filename.endswith('dtype_check.py')]
     return ' <- '.join(frames[:depth]) or 'outside this project'
 
