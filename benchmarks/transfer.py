@@ -72,15 +72,16 @@ import torch.nn.functional as F
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
+sys.path.append(osp.join(ROOT, 'tools'))  # appended: tools/test.py is no `test`
 
 from mmengine.logging import MMLogger  # noqa: E402
 from mmpretrain.models.backbones import VisionTransformer  # noqa: E402
 from mmpretrain.models.peft import LoRAModel  # noqa: E402
+from model_converters.vit_to_mmpretrain import plain_to_lora_keys  # noqa: E402
 from transfer_tasks import TASKS, Task  # noqa: E402
 
 import moppa_mm  # noqa: E402,F401
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer  # noqa: E402
-from moppa_mm.models.converters import plain_to_lora_keys  # noqa: E402
 from moppa_mm.models.moppa_config import MoPPAConfig  # noqa: E402
 from moppa_mm.operators import EXPERTS, moppa_units  # noqa: E402
 from moppa_mm.operators.dct import dct_frequencies  # noqa: E402

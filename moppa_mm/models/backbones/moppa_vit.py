@@ -82,7 +82,7 @@ class ViTAdapterMixin(AdapterMixin):
     supplementary) on the patch embedding, the attention
     (:meth:`_attach_scale_shift`) and both MLP layers. Base parameter names are
     unchanged: the package's checkpoints (mmpretrain's, timm's and JAX's
-    through :mod:`moppa_mm.models.converters`; mmseg's) load as they are.
+    through ``tools/model_converters/vit_to_mmpretrain.py``; mmseg's) load as they are.
 
     The units need the patch grid, which only the patch embedding knows (63
     tokens may be 7 x 9 or 9 x 7): the package's class writes out its ``forward``
