@@ -385,18 +385,6 @@ class MoPPAUnit(nn.Module):
             print_log(f'{key}: frequency map resized from grid '
                       f'{tuple(saved.shape[:2])} to {self.grid_size} '
                       f'({self.resize_mode}, frequency-exact)', logger='current')
-        bad = []
-        for name, _ in self.named_parameters(recurse=False):
-            value = state_dict.get(prefix + name)
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                finite = torch.isfinite(value)
-                if not bool(finite.all()):
-                    bad.append(f'{prefix}{name} ({int(finite.numel() - finite.sum())} '
-                               f'of {finite.numel()})')
-        if bad:  # as the MoPPA backbones refuse them
-            raise ValueError(f'MoPPAUnit: the state dict holds NaN or infinite values in '
-                             f'{", ".join(bad)}; refused (a diverged or damaged '
-                             'checkpoint)')
         self._eval_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
