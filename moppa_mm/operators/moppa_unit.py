@@ -10,20 +10,13 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
-Two options depart from the paper (the defaults here, and the MoPPA
-backbones', are the paper's: ``'paper'`` init, ``'raw'`` heat):
-
-- ``heat_param='softplus'`` keeps the heat physical: ``k = softplus(k_raw)``
-  and ``t = softplus(t_raw)`` are >= 0, so ``exp(-k w^2 t)`` only damps. With
-  ``'raw'`` (the paper's), ``k t < 0`` amplifies high frequencies
-  exponentially: on real images it does (about 40% of ``k t`` go negative)
-  and transfers better than softplus (docs/accuracy.md).
-- ``init_mode='identity'`` adds a zero-initialised gate ``g`` (one per channel
-  in a head) that blends the paper's output with the input,
-  ``Y = X + g (Y_Eq11 - X)``: the unit is exactly the identity at init, and
-  ``g = 1`` is Eq. 11; but its other parameters then start with zero gradient
-  and learn little. ``'paper'`` is Eq. 11 as written (at init it scales its
-  input by about ``a1 + a2 = 2/3``).
+Two options depart from the paper (the defaults, here and in the MoPPA
+backbones, are the paper's): ``heat_param='softplus'`` keeps ``k, t >= 0``, so
+heat only damps (with the paper's ``'raw'``, ``k t < 0`` amplifies high
+frequencies: on real images about 40% of ``k t`` go negative, and raw
+transfers better, docs/accuracy.md); ``init_mode='identity'`` adds a zero gate
+that makes the unit the identity at init (its other parameters then start
+with zero gradient and learn little). :class:`MoPPAUnit`'s Args say more.
 
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
 filter multiply and ONE additive field in the DCT domain. They do not depend on
@@ -121,24 +114,17 @@ def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
                        init_mode: str, heat_param: str) -> None:
     """Raise ``ValueError`` naming the first option of :class:`MoPPAUnit` out of
     its range (the one check the unit and the backbones' ``MoPPAConfig`` share)."""
-    if init_mode not in INIT_MODES:
-        raise InputValueError(f'unknown init_mode {init_mode!r}, expected one of '
-                              f'{INIT_MODES}')
-    if heat_param not in HEAT_PARAMS:
-        raise InputValueError(f'unknown heat_param {heat_param!r}, expected one '
-                              f'of {HEAT_PARAMS}')
+    for name, value, allowed in (('init_mode', init_mode, INIT_MODES),
+                                 ('heat_param', heat_param, HEAT_PARAMS),
+                                 ('resize_mode', resize_mode, RESIZE_MODES)):
+        if value not in allowed:
+            raise InputValueError(f'unknown {name} {value!r}, expected one of {allowed}')
     if not isinstance(eta, (int, float)) or isinstance(eta, bool) or not eta > 0:
         raise InputValueError(f'eta must be a number > 0 (the DC term has w = 0), got {eta!r}')
-    if resize_mode not in RESIZE_MODES:
-        raise InputValueError(f'unknown resize_mode {resize_mode!r}, expected one '
-                              f'of {RESIZE_MODES}')
-    if isinstance(experts, str):
-        raise InputValueError(f'experts must be a sequence of names from {EXPERTS}, '
-                              f'got the string {experts!r}')
-    unknown = [e for e in experts if e not in EXPERTS]
-    if unknown or not experts or len(set(experts)) != len(experts):
-        raise InputValueError(f'experts must be distinct names from {EXPERTS}, '
-                              f'got {tuple(experts)}')
+    if isinstance(experts, str) or not experts or len(set(experts)) != len(experts) \
+            or any(e not in EXPERTS for e in experts):
+        raise InputValueError(f'experts must be a sequence of distinct names from {EXPERTS}, '
+                              f'got {experts!r}')
 
 
 class MoPPAUnit(nn.Module):
@@ -187,19 +173,11 @@ class MoPPAUnit(nn.Module):
             ``heat_param`` it was trained with.
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 grid_size: Union[int, Sequence[int]],
-                 eta: float = 1e-3,
-                 share_time: bool = False,
-                 coef_init: float = 1e-2,
-                 time_init: float = 1.0,
-                 source_init_std: float = 1e-2,
-                 resize_mode: str = 'bicubic',
-                 experts: Sequence[str] = EXPERTS,
-                 init_mode: str = 'paper',
-                 heat_param: str = 'raw') -> None:
+    def __init__(self, embed_dims: int, num_heads: int, grid_size: Union[int, Sequence[int]],
+                 eta: float = 1e-3, share_time: bool = False, coef_init: float = 1e-2,
+                 time_init: float = 1.0, source_init_std: float = 1e-2,
+                 resize_mode: str = 'bicubic', experts: Sequence[str] = EXPERTS,
+                 init_mode: str = 'paper', heat_param: str = 'raw') -> None:
         super().__init__()
         if not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
