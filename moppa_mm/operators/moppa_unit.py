@@ -91,9 +91,6 @@ def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
     h, w = size
     if (h, w) == (ref_h, ref_w):
         return param
-    if mode not in RESIZE_MODES:
-        raise ValueError(f'unknown resize mode {mode!r}, expected one of '
-                         f'{RESIZE_MODES}')
 
     def normalised(n: int, ref: int) -> torch.Tensor:
         # align_corners=True: -1 is reference index 0, +1 is index ref - 1.
@@ -227,7 +224,6 @@ class MoPPAUnit(nn.Module):
         ``init_mode='identity'``) a zero gate. With ``heat_param='softplus'``
         the stored heat parameters are the softplus inverses of the same k, t
         (k drawn at least ``1e-4 coef_init`` so its inverse stays finite)."""
-        self._refuse_if_merged('has no parameters to reset')
         with torch.no_grad():
             for name in ('heat_coef', 'wave_coef'):
                 if hasattr(self, name):
@@ -250,18 +246,11 @@ class MoPPAUnit(nn.Module):
     # ------------------------------------------------------------------ router
     def route_weights(self) -> torch.Tensor:
         """``a = softmax(lambda)``, one weight per expert in use."""
-        self._refuse_if_merged('has no router')
         return self.route_logits.softmax(dim=0)
-
-    def _refuse_if_merged(self, what: str) -> None:
-        if self.merged:
-            raise RuntimeError(f'MoPPAUnit: merged for inference (merge_adapters), it '
-                               f'{what}: train or analyse the model before merging it')
 
     def route_regularization(self) -> torch.Tensor:
         """``L_reg = sum_i a_i log a_i`` (paper Eq. 12): the negative entropy of
         the router, minimal when the experts are used evenly."""
-        self._refuse_if_merged('has no router to regularise')
         return (self.route_logits.softmax(0) *
                 self.route_logits.log_softmax(0)).sum()
 

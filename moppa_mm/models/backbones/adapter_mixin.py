@@ -73,10 +73,18 @@ class AdapterMixin(RouteLossMixin):
     adapters, and a base may lack them.
 
     Args of the backbones:
+        freeze_pretrained (bool): Freeze all but the adapters when built, so
+            that DDP sees the final trainable set (the head, outside the
+            backbone, trains). Defaults to True.
+        route_loss_weight, route_schedule: The route loss
+            (:class:`~.route_loss.RouteLossMixin`).
         strict_adapter_record (bool): Stop when a checkpoint's record
             disagrees, cannot be read or is absent, or the model around the
             backbone differs (default); False warns (a new task from trained
             adapters, a checkpoint checked by other means).
+        merged (bool): Build merged for inference (:meth:`merge_adapters`), to
+            load a merged checkpoint (``publish_model.py --merge``). False
+            (default): the ``Pretrained`` checkpoint of ``init_cfg`` loads when built.
         random_base (bool): The frozen base is random on purpose (benchmarks,
             tests); otherwise training on a random frozen base stops
             (:class:`NoPretrainedBaseError`). Defaults to False.

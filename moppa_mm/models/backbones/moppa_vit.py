@@ -99,9 +99,8 @@ class ViTAdapterMixin(AdapterMixin):
             ablation, the scale & shift adapters stay). Defaults to True.
         use_scale_shift (bool): Add the scale & shift adapters. Defaults to True.
         freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
-            merged, random_base: The build options, as for the Swin
-            (:class:`~.swin_adapters.SwinAdapterMixin`), with the same defaults
-            (``freeze_pretrained`` leaves the head, outside the backbone, trainable).
+            merged, random_base: The build options of every MoPPA backbone
+            (:class:`~.adapter_mixin.AdapterMixin`).
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size

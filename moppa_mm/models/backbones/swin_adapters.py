@@ -155,19 +155,9 @@ class SwinAdapterMixin(AdapterMixin):
         use_scale_shift (bool): Add scale & shift (RLRR/SSF style) on the patch
             embedding, the attention's value and output projections and both FFN
             layers, as the paper does for classification (the package's default).
-        freeze_pretrained (bool): Freeze all but the adapters when built, so that DDP
-            sees the final trainable set. Defaults to True.
-        route_loss_weight (float): ``w`` of the route regularisation (paper Eq. 13),
-            ``loss_route`` in the model's losses; 0 turns it off. Defaults to 1.0.
-        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or ``'auto'``
-            (default: epochs when the run has more than one).
-        strict_adapter_record (bool): Stop (default) or, False, warn when a
-            checkpoint's adapter record disagrees, cannot be read or is absent.
-        merged (bool): Build merged for inference (:meth:`merge_adapters`), to load
-            a merged checkpoint (``publish_model.py --merge``). False (default): the
-            ``Pretrained`` checkpoint of ``init_cfg`` is loaded when built.
-        random_base (bool): The frozen base is random on purpose (benchmarks, tests);
-            otherwise training without a pre-trained base stops. Defaults to False.
+        freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
+            merged, random_base: The build options of every MoPPA backbone
+            (:class:`~.adapter_mixin.AdapterMixin`).
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)

@@ -16,11 +16,7 @@ class ConvAdapter(nn.Module):
     (done as Linear layers on (B, H, W, C), no permute), the 3x3 convolution
     runs on the ``hidden_dims`` bottleneck. ``up`` starts at zero, so the adapter
     starts as the identity and the pre-trained block's output is unchanged.
-
-    When ``x`` is the output of a LayerNorm, :meth:`forward_after_norm` gives the
-    same result and gradients while saving only the two bottleneck tensors for
-    backward: ``x`` itself (C channels) is recomputed from the norm's input,
-    which the norm already keeps, and the activation from its input.
+    :meth:`forward_after_norm`: the same, leaner on memory, after a LayerNorm.
 
     Args:
         embed_dims (int): Channels ``C``.
