@@ -159,15 +159,13 @@ class MoPPAUnit(nn.Module):
             LoRA's zero-initialised B). ``gate = 1`` is exactly Eq. 11; the
             gate adds ``C/N`` parameters per unit.
         heat_param (str): How ``heat_coef`` and ``heat_time`` hold k and t.
-            'raw' (default, the paper's): as they are, unconstrained; a
-            negative ``k t`` makes heat amplify high frequencies as
-            ``exp(|k t| w^2)``. 'softplus': they hold ``softplus^-1`` of k and
-            t, so k, t >= 0 and heat only damps (also between grid points,
-            where bicubic resizing of k itself could overshoot below 0). With
-            ``share_time`` the shared t goes through softplus for wave too
-            (wave is even in t, so only the parameterisation changes). A
-            checkpoint keeps the parameters' meaning: load it with the same
-            ``heat_param`` it was trained with.
+            'raw' (default, the paper's): as they are; a negative ``k t``
+            makes heat amplify high frequencies as ``exp(|k t| w^2)``.
+            'softplus': they hold ``softplus^-1`` of k and t, so k, t >= 0 and
+            heat only damps (between grid points too, where bicubic resizing
+            of k could overshoot below 0); a shared t (``share_time``) goes
+            through softplus for wave too (even in t). A checkpoint loads
+            with the ``heat_param`` it was trained with (the record says it).
     """
 
     def __init__(self, embed_dims: int, num_heads: int, grid_size: Union[int, Sequence[int]],

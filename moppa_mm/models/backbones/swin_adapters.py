@@ -1,11 +1,8 @@
 """The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin
-(the same block structure): the MoPPA unit and conv adapter; the mixins that
-write out the forward of the package's ``SwinBlock`` with the adapters in it
-(the window-scope unit runs inside ``WindowMSA``); :class:`SwinAdapterMixin`,
-which swaps every block for its MoPPA subclass after the base ``__init__`` and
-registers the adapters on it (``moppa``, ``conv_adapter``: the checkpoints'
-keys); and :func:`register_swin`, which makes and registers each package's
-class.
+(the same block structure): the unit and conv adapter, the mixins of the
+package's ``SwinBlock`` and ``WindowMSA`` that run them, :class:`SwinAdapterMixin`
+(which adds them after the base ``__init__``) and :func:`register_swin`, which
+makes and registers each package's class.
 """
 import functools
 from typing import Dict, Optional, Tuple
@@ -69,10 +66,9 @@ class SwinConvAdapter(ConvAdapter):
 
 class MoPPAShiftWindowMSAMixin:
     """Mixed into a package's ``ShiftWindowMSA``: its ``window_reverse`` reads
-    the batch off the windows (``-1``). The packages' own work B out with a
-    float division and ``int()``: a constant in a traced graph (an ONNX graph
-    exported at batch 2 misreads batch 3) and a specialisation that makes
-    ``torch.export`` refuse a dynamic batch."""
+    the batch off the windows (``-1``), where the packages' own ``int()`` of a
+    float division makes a constant in a traced graph (an ONNX graph exported
+    at batch 2 misreads batch 3) and ``torch.export`` refuse a dynamic batch."""
 
     def window_reverse(self, windows: torch.Tensor, h: int, w: int,
                        window_size: Optional[int] = None) -> torch.Tensor:

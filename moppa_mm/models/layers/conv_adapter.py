@@ -52,12 +52,10 @@ class ConvAdapter(nn.Module):
 
     def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor,
                            norm: nn.LayerNorm) -> torch.Tensor:
-        """:meth:`forward` for ``x = norm(norm_input)``, lean on memory.
-
-        ``x``: (B, H, W, C); ``norm_input`` any shape with as many elements.
-        Gradients reach ``x`` (and through it the norm) and the adapter's own
-        parameters exactly as with :meth:`forward`.
-        """
+        """:meth:`forward` for ``x = norm(norm_input)``, with the same result
+        and gradients, saving only the two bottleneck tensors for backward
+        (:class:`_ConvAdapterFunction`). ``x``: (B, H, W, C); ``norm_input``
+        any shape with as many elements."""
         if not torch.is_grad_enabled() or is_capturing() or not isinstance(norm, nn.LayerNorm) or \
                 type(norm).forward is not nn.LayerNorm.forward:
             return self.forward(x)  # only a plain LayerNorm can be recomputed
