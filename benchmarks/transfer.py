@@ -72,15 +72,16 @@ import torch.nn.functional as F
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
+sys.path.append(osp.join(ROOT, 'tools'))  # appended: tools/test.py is no `test`
 
 from mmengine.logging import MMLogger  # noqa: E402
 from mmpretrain.models.backbones import VisionTransformer  # noqa: E402
 from mmpretrain.models.peft import LoRAModel  # noqa: E402
+from model_converters.vit_to_mmpretrain import plain_to_lora_keys  # noqa: E402
 from transfer_tasks import TASKS, Task  # noqa: E402
 
 import moppa_mm  # noqa: E402,F401
 from moppa_mm.models.backbones.moppa_vit import MoPPAVisionTransformer  # noqa: E402
-from moppa_mm.models.converters import plain_to_lora_keys  # noqa: E402
 from moppa_mm.models.moppa_config import MoPPAConfig  # noqa: E402
 from moppa_mm.operators import EXPERTS, moppa_units  # noqa: E402
 from moppa_mm.operators.dct import dct_frequencies  # noqa: E402
@@ -281,6 +282,15 @@ def at_init(spec: dict, s: dict, state: dict, source_val, reference) -> Dict[str
     return dict(source_acc=accuracy, drift=100.0 * drift)
 
 
+def _physical(unit: nn.Module, name: str) -> torch.Tensor:
+    """A heat or time parameter of ``unit`` as its filter uses it (softplus
+    applied under ``heat_param='softplus'``; a shared ``t`` for wave)."""
+    if name == 'wave_time' and hasattr(unit, 'wave_time'):
+        return unit.wave_time  # wave's own t is never softplus'd
+    raw = getattr(unit, 'heat_time' if name == 'wave_time' else name)
+    return F.softplus(raw) if unit.heat_param == 'softplus' else raw
+
+
 def unit_snapshot(model: nn.Module) -> Dict[str, torch.Tensor]:
     """k, c, t of every unit as the filters use them (softplus applied),
     without the DC entries of k and c (they multiply w = 0 and never move)."""
@@ -290,11 +300,11 @@ def unit_snapshot(model: nn.Module) -> Dict[str, torch.Tensor]:
         dc = torch.zeros(h, w, dtype=torch.bool)
         dc[0, 0] = True
         if 'heat' in unit.experts:
-            out.setdefault('k', []).append(unit._heat_coef((h, w))[~dc].detach().flatten())
-            out.setdefault('t_heat', []).append(unit._time('heat').detach().flatten())
+            out.setdefault('k', []).append(_physical(unit, 'heat_coef')[~dc].detach().flatten())
+            out.setdefault('t_heat', []).append(_physical(unit, 'heat_time').detach().flatten())
         if 'wave' in unit.experts:
             out.setdefault('c', []).append(unit.wave_coef[~dc].detach().flatten())
-            out.setdefault('t_wave', []).append(unit._time('wave').detach().flatten())
+            out.setdefault('t_wave', []).append(_physical(unit, 'wave_time').detach().flatten())
         if unit.init_mode == 'identity':
             out.setdefault('gate', []).append(unit.gate.detach().flatten())
     return {k: torch.cat(v).clone() for k, v in out.items()}
@@ -310,9 +320,9 @@ def heat_sharpening(model: nn.Module) -> Optional[Dict[str, float]]:
         if 'heat' not in unit.experts:
             continue
         h, w = unit.grid_size
-        k = unit._heat_coef((h, w)).detach()  # (H, W, N, 1)
+        k = _physical(unit, 'heat_coef').detach()[..., None]  # (H, W, N, 1)
         omega_sq, _ = dct_frequencies(h, w, k.device, k.dtype)  # (H, W)
-        exponent = k * unit._time('heat').detach() * omega_sq[:, :, None, None]  # k w^2 t
+        exponent = k * _physical(unit, 'heat_time').detach() * omega_sq[:, :, None, None]
         dc = torch.zeros(h, w, dtype=torch.bool)
         dc[0, 0] = True
         kept = exponent[~dc]  # (H W - 1, N, C/N)

@@ -416,8 +416,7 @@ def check_config(cfg, mode: str = 'train') -> None:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
     if cfg.get('work_dir') and not _is_remote(cfg.work_dir):
         _check_work_dir(cfg.work_dir)
-    from moppa_mm.models.converters import check_converted
-    from moppa_mm.utils.checkpoints import load_checkpoint_file
+    from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))

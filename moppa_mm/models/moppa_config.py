@@ -22,20 +22,10 @@ class MoPPAConfig:
     as well as damp), as ``MoPPAUnit``'s own defaults. Chosen on real images
     (docs/accuracy.md): on scanned digits raw heat transferred 8.6 points better
     than softplus heat at 50 steps and level at 200, with 40% of its ``k t``
-    negative. Each field is the unit argument of the same name.
-
-    Args:
-        eta (float): Stabiliser of the Poisson division ``1 / (w^2 + eta)``.
-        share_time (bool): Heat and wave share one learnable ``t``.
-        coef_init (float): k and c start uniform in ``[0, coef_init)``.
-        time_init (float): Initial ``t``.
-        source_init_std (float): Std of the Poisson source factors at init.
-        resize_mode (str): Interpolation of frequency maps to another grid.
-        experts (tuple[str]): Priors in use (ablations: paper Table 4).
-        init_mode (str): ``'paper'`` (shipped) or ``'identity'`` (a zero
-            gate: the unit starts as the identity).
-        heat_param (str): ``'raw'`` (shipped, the paper's) or ``'softplus'``
-            (k, t >= 0: heat only damps).
+    negative. Each field is the :class:`~moppa_mm.operators.MoPPAUnit`
+    argument of the same name (``eta``, ``share_time``, ``coef_init``,
+    ``time_init``, ``source_init_std``, ``resize_mode``, ``experts``,
+    ``init_mode``, ``heat_param``), documented there.
     """
 
     eta: float = 1e-3

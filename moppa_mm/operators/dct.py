@@ -148,9 +148,7 @@ def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
 
 def dct2d(x: torch.Tensor, method: str = 'auto', inverse: bool = False) -> torch.Tensor:
     """Orthonormal DCT-II (DCT-III if ``inverse``) over (H, W) of ``x`` shaped
-    (..., H, W, C). ``method``: 'kron' (one matmul with the Kronecker basis),
-    'separable' (two matmuls) or 'auto' (by grid size and device type,
-    :func:`dct_method`)."""
+    (..., H, W, C); ``method``: 'kron', 'separable' or 'auto' (:func:`dct_method`)."""
     if x.dim() < 3:
         raise ValueError('expected a channel-last tensor (..., H, W, C), '
                          f'got shape {tuple(x.shape)}')

@@ -10,20 +10,13 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
-Two options depart from the paper (the defaults here, and the MoPPA
-backbones', are the paper's: ``'paper'`` init, ``'raw'`` heat):
-
-- ``heat_param='softplus'`` keeps the heat physical: ``k = softplus(k_raw)``
-  and ``t = softplus(t_raw)`` are >= 0, so ``exp(-k w^2 t)`` only damps. With
-  ``'raw'`` (the paper's), ``k t < 0`` amplifies high frequencies
-  exponentially: on real images it does (about 40% of ``k t`` go negative)
-  and transfers better than softplus (docs/accuracy.md).
-- ``init_mode='identity'`` adds a zero-initialised gate ``g`` (one per channel
-  in a head) that blends the paper's output with the input,
-  ``Y = X + g (Y_Eq11 - X)``: the unit is exactly the identity at init, and
-  ``g = 1`` is Eq. 11; but its other parameters then start with zero gradient
-  and learn little. ``'paper'`` is Eq. 11 as written (at init it scales its
-  input by about ``a1 + a2 = 2/3``).
+Two options depart from the paper (the defaults, here and in the MoPPA
+backbones, are the paper's): ``heat_param='softplus'`` keeps ``k, t >= 0``, so
+heat only damps (with the paper's ``'raw'``, ``k t < 0`` amplifies high
+frequencies: on real images about 40% of ``k t`` go negative, and raw
+transfers better, docs/accuracy.md); ``init_mode='identity'`` adds a zero gate
+that makes the unit the identity at init (its other parameters then start
+with zero gradient and learn little). :class:`MoPPAUnit`'s Args say more.
 
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
 filter multiply and ONE additive field in the DCT domain. They do not depend on
@@ -98,9 +91,6 @@ def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
     h, w = size
     if (h, w) == (ref_h, ref_w):
         return param
-    if mode not in RESIZE_MODES:
-        raise ValueError(f'unknown resize mode {mode!r}, expected one of '
-                         f'{RESIZE_MODES}')
 
     def normalised(n: int, ref: int) -> torch.Tensor:
         # align_corners=True: -1 is reference index 0, +1 is index ref - 1.
@@ -121,24 +111,17 @@ def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
                        init_mode: str, heat_param: str) -> None:
     """Raise ``ValueError`` naming the first option of :class:`MoPPAUnit` out of
     its range (the one check the unit and the backbones' ``MoPPAConfig`` share)."""
-    if init_mode not in INIT_MODES:
-        raise InputValueError(f'unknown init_mode {init_mode!r}, expected one of '
-                              f'{INIT_MODES}')
-    if heat_param not in HEAT_PARAMS:
-        raise InputValueError(f'unknown heat_param {heat_param!r}, expected one '
-                              f'of {HEAT_PARAMS}')
+    for name, value, allowed in (('init_mode', init_mode, INIT_MODES),
+                                 ('heat_param', heat_param, HEAT_PARAMS),
+                                 ('resize_mode', resize_mode, RESIZE_MODES)):
+        if value not in allowed:
+            raise InputValueError(f'unknown {name} {value!r}, expected one of {allowed}')
     if not isinstance(eta, (int, float)) or isinstance(eta, bool) or not eta > 0:
         raise InputValueError(f'eta must be a number > 0 (the DC term has w = 0), got {eta!r}')
-    if resize_mode not in RESIZE_MODES:
-        raise InputValueError(f'unknown resize_mode {resize_mode!r}, expected one '
-                              f'of {RESIZE_MODES}')
-    if isinstance(experts, str):
-        raise InputValueError(f'experts must be a sequence of names from {EXPERTS}, '
-                              f'got the string {experts!r}')
-    unknown = [e for e in experts if e not in EXPERTS]
-    if unknown or not experts or len(set(experts)) != len(experts):
-        raise InputValueError(f'experts must be distinct names from {EXPERTS}, '
-                              f'got {tuple(experts)}')
+    if isinstance(experts, str) or not experts or len(set(experts)) != len(experts) \
+            or any(e not in EXPERTS for e in experts):
+        raise InputValueError(f'experts must be a sequence of distinct names from {EXPERTS}, '
+                              f'got {experts!r}')
 
 
 class MoPPAUnit(nn.Module):
@@ -176,30 +159,20 @@ class MoPPAUnit(nn.Module):
             LoRA's zero-initialised B). ``gate = 1`` is exactly Eq. 11; the
             gate adds ``C/N`` parameters per unit.
         heat_param (str): How ``heat_coef`` and ``heat_time`` hold k and t.
-            'raw' (default, the paper's): as they are, unconstrained; a
-            negative ``k t`` makes heat amplify high frequencies as
-            ``exp(|k t| w^2)``. 'softplus': they hold ``softplus^-1`` of k and
-            t, so k, t >= 0 and heat only damps (also between grid points,
-            where bicubic resizing of k itself could overshoot below 0). With
-            ``share_time`` the shared t goes through softplus for wave too
-            (wave is even in t, so only the parameterisation changes). A
-            checkpoint keeps the parameters' meaning: load it with the same
-            ``heat_param`` it was trained with.
+            'raw' (default, the paper's): as they are; a negative ``k t``
+            makes heat amplify high frequencies as ``exp(|k t| w^2)``.
+            'softplus': they hold ``softplus^-1`` of k and t, so k, t >= 0 and
+            heat only damps (between grid points too, where bicubic resizing
+            of k could overshoot below 0); a shared t (``share_time``) goes
+            through softplus for wave too (even in t). A checkpoint loads
+            with the ``heat_param`` it was trained with (the record says it).
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 grid_size: Union[int, Sequence[int]],
-                 eta: float = 1e-3,
-                 share_time: bool = False,
-                 coef_init: float = 1e-2,
-                 time_init: float = 1.0,
-                 source_init_std: float = 1e-2,
-                 resize_mode: str = 'bicubic',
-                 experts: Sequence[str] = EXPERTS,
-                 init_mode: str = 'paper',
-                 heat_param: str = 'raw') -> None:
+    def __init__(self, embed_dims: int, num_heads: int, grid_size: Union[int, Sequence[int]],
+                 eta: float = 1e-3, share_time: bool = False, coef_init: float = 1e-2,
+                 time_init: float = 1.0, source_init_std: float = 1e-2,
+                 resize_mode: str = 'bicubic', experts: Sequence[str] = EXPERTS,
+                 init_mode: str = 'paper', heat_param: str = 'raw') -> None:
         super().__init__()
         if not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
@@ -249,7 +222,6 @@ class MoPPAUnit(nn.Module):
         ``init_mode='identity'``) a zero gate. With ``heat_param='softplus'``
         the stored heat parameters are the softplus inverses of the same k, t
         (k drawn at least ``1e-4 coef_init`` so its inverse stays finite)."""
-        self._refuse_if_merged('has no parameters to reset')
         with torch.no_grad():
             for name in ('heat_coef', 'wave_coef'):
                 if hasattr(self, name):
@@ -272,18 +244,11 @@ class MoPPAUnit(nn.Module):
     # ------------------------------------------------------------------ router
     def route_weights(self) -> torch.Tensor:
         """``a = softmax(lambda)``, one weight per expert in use."""
-        self._refuse_if_merged('has no router')
         return self.route_logits.softmax(dim=0)
-
-    def _refuse_if_merged(self, what: str) -> None:
-        if self.merged:
-            raise RuntimeError(f'MoPPAUnit: merged for inference (merge_adapters), it '
-                               f'{what}: train or analyse the model before merging it')
 
     def route_regularization(self) -> torch.Tensor:
         """``L_reg = sum_i a_i log a_i`` (paper Eq. 12): the negative entropy of
         the router, minimal when the experts are used evenly."""
-        self._refuse_if_merged('has no router to regularise')
         return (self.route_logits.softmax(0) *
                 self.route_logits.log_softmax(0)).sum()
 
@@ -385,18 +350,6 @@ class MoPPAUnit(nn.Module):
             print_log(f'{key}: frequency map resized from grid '
                       f'{tuple(saved.shape[:2])} to {self.grid_size} '
                       f'({self.resize_mode}, frequency-exact)', logger='current')
-        bad = []
-        for name, _ in self.named_parameters(recurse=False):
-            value = state_dict.get(prefix + name)
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                finite = torch.isfinite(value)
-                if not bool(finite.all()):
-                    bad.append(f'{prefix}{name} ({int(finite.numel() - finite.sum())} '
-                               f'of {finite.numel()})')
-        if bad:  # as the MoPPA backbones refuse them
-            raise ValueError(f'MoPPAUnit: the state dict holds NaN or infinite values in '
-                             f'{", ".join(bad)}; refused (a diverged or damaged '
-                             'checkpoint)')
         self._eval_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

@@ -17,7 +17,7 @@ from mmpretrain.models.backbones import VisionTransformer
 from mmpretrain.registry import MODELS
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
-from moppa_mm.models.converters import plain_to_lora_keys, save_backbone
+from model_converters.vit_to_mmpretrain import plain_to_lora_keys, save_backbone
 from tests.conftest import REPO
 
 METHODS = ('linear', 'full', 'ssf', 'lora')

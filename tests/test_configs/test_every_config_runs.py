@@ -23,7 +23,7 @@ from mmpretrain.models.backbones import SwinTransformer, VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
 from demo.coco_shapes import mmdet_swin_to_official, prepare_demo
-from moppa_mm.models.converters import convert, save_backbone
+from model_converters.vit_to_mmpretrain import convert, save_backbone
 from tests.conftest import REPO
 
 BASELINES = ('linear_', 'full_', 'ssf_', 'lora_')

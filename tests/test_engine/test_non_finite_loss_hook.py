@@ -12,7 +12,7 @@ from mmengine.runner import Runner
 from mmpretrain.models.backbones import VisionTransformer
 
 from demo.vtab_task import make_vtab_task
-from moppa_mm.models.converters import save_backbone
+from model_converters.vit_to_mmpretrain import save_backbone
 from tests.test_tools.test_vtab_pipeline import ARCH, tiny_vtab_cfg
 
 

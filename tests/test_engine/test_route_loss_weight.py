@@ -10,7 +10,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 from demo.vtab_task import prepare_cls_demo
-from moppa_mm.models.converters import convert, save_backbone
+from model_converters.vit_to_mmpretrain import convert, save_backbone
 from tests.conftest import REPO
 
 DEMO_CLS = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')

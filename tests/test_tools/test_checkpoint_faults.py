@@ -15,11 +15,11 @@ from launch import load_config, run_tool  # tools/
 from mmengine.runner import load_checkpoint
 
 from demo.vtab_task import prepare_cls_demo
+from model_converters.vit_to_mmpretrain import convert, save_backbone
 from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
 from moppa_mm.models.backbones.adapter_state import AdapterRecordMismatchError, encode_record
-from moppa_mm.models.converters import SourceFormatError, convert, save_backbone
-from moppa_mm.utils.checkpoints import CheckpointLoadError
+from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
 from tests.conftest import REPO, child_env
 
 CONFIG = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')

@@ -135,7 +135,7 @@ def test_broken_pretrained_checkpoint_is_named(trained, tmp_path, damage):
 def test_vit_checkpoint_as_swin_pretrained_stops(trained, tmp_path):
     from mmpretrain.models.backbones import VisionTransformer
 
-    from moppa_mm.models.converters import save_backbone
+    from model_converters.vit_to_mmpretrain import save_backbone
     vit = VisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
                                       feedforward_channels=64), img_size=32,
                             patch_size=8)
@@ -285,7 +285,7 @@ def test_mmpretrain_apis_match_the_test_tool(tmp_path):
     from mmpretrain.models.backbones import VisionTransformer
 
     from demo.vtab_task import make_vtab_task
-    from moppa_mm.models.converters import save_backbone
+    from model_converters.vit_to_mmpretrain import save_backbone
     from tests.test_tools.test_vtab_pipeline import tiny_vtab_cfg
     root = str(tmp_path / 'vtab')
     make_vtab_task(root, 'eurosat', dict(train800val200=8, test=4))

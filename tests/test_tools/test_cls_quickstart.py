@@ -9,7 +9,7 @@ import subprocess
 import torch
 
 from demo.vtab_task import DEMO_TASK, make_mae_vit_checkpoint
-from moppa_mm.models.converters import convert
+from model_converters.vit_to_mmpretrain import convert
 from tests.conftest import PYTHON, REPO, child_env
 
 CONFIG = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')

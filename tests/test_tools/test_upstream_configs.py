@@ -22,7 +22,7 @@ import torch
 
 from demo.coco_shapes import prepare_demo
 from demo.vtab_task import prepare_cls_demo
-from moppa_mm.models.converters import convert, save_backbone
+from model_converters.vit_to_mmpretrain import convert, save_backbone
 from moppa_mm.models import read_adapter_record
 from tests.conftest import REPO, child_env
 

@@ -16,7 +16,7 @@ from mmpretrain.models.backbones import VisionTransformer
 from moppa_mm.datasets import VTAB_GROUPS, VTAB_TASKS
 from demo.vtab_task import make_vtab_task
 import vtab_table  # tools/
-from moppa_mm.models.converters import save_backbone
+from model_converters.vit_to_mmpretrain import save_backbone
 from moppa_mm.models import read_adapter_record
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg
 from tests.test_tools.resume import assert_same_checkpoints, kill_then_resume, train

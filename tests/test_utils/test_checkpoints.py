@@ -10,7 +10,7 @@ import pytest
 import torch
 from mmengine.logging import HistoryBuffer
 
-from moppa_mm.models.converters import convert
+from model_converters.vit_to_mmpretrain import convert
 from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError,
                                         checkpoint_to_resume, from_plain, load_checkpoint_file,
                                         to_plain)

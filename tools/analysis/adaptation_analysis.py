@@ -24,6 +24,7 @@ import logging
 import os
 import os.path as osp
 import statistics
+import sys
 import time
 from typing import Dict, Optional
 
@@ -36,8 +37,12 @@ from mmpretrain.models.peft import LoRAModel
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models.backbones.moppa_vit import MoPPAEncoderLayer, MoPPAVisionTransformer
-from moppa_mm.models.converters import plain_to_lora_keys
 from moppa_mm.utils.checkpoints import load_checkpoint_file
+
+TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
+    sys.path.append(TOOLS)
+from model_converters.vit_to_mmpretrain import plain_to_lora_keys  # noqa: E402
 
 GRID = (14, 14)  # ViT-B/16 at 224 px
 PAPER = {'LoRA': (0.065, 0.0007), 'MoPPA': (0.050, 0.0011)}

@@ -53,7 +53,7 @@ def make_vtab_task(root: str, task: str = DEMO_TASK,
 def mmpretrain_vit_to_timm(state: Mapping[str, torch.Tensor]
                            ) -> Dict[str, torch.Tensor]:
     """mmpretrain ``VisionTransformer`` keys -> the timm keys of the official
-    MAE / MoCo v3 releases (the inverse of moppa_mm.models.converters)."""
+    MAE / MoCo v3 releases (the inverse of model_converters/vit_to_mmpretrain.py)."""
     renames = (('patch_embed.projection.', 'patch_embed.proj.'), ('.ln1.', '.norm1.'),
                ('.ln2.', '.norm2.'), ('.ffn.layers.0.0.', '.mlp.fc1.'),
                ('.ffn.layers.1.', '.mlp.fc2.'))

@@ -3,20 +3,18 @@ checkpoint contract (units' options: :class:`MoPPAConfig`; the route loss:
 :class:`.route_loss.RouteLossMixin`).
 
 * **Build**: freezing; the base ``init_cfg`` names loaded in ``__init__`` (as
-  mmpretrain's ``LoRAModel``), or merging (``merged=True``); the adapters'
-  init; frozen norms in eval mode; the checks before a training forward; the
-  parameter table.
-* **Save**: the backbone's own ``state_dict()`` is whole (its base classes
-  read it: mmdet's Swin resizes its position-bias tables against it) with the
-  adapter record; the model holding it saves adapter-only where
-  :attr:`AdapterMixin.saves_adapters_only` (:mod:`.model_hooks`);
-  :func:`full_state_dict` and :func:`adapter_state_dict` give either state.
-* **Load**, three files in order: the model's load pre-hook
-  (:func:`.model_hooks.check_load`; :meth:`AdapterMixin._check_load_alone`
-  for the backbone alone) -> :meth:`AdapterMixin.load_checked` ->
-  :func:`.adapter_state.checkpoint_problems`; then the load gets what it
-  lacks (the model's own base for an adapter-only checkpoint). It opens
-  nothing and changes no module's structure.
+  mmpretrain's ``LoRAModel``), or merging (``merged=True``); the adapters' init;
+  frozen norms in eval mode; the checks before a training forward; the table.
+* **Save**: the backbone's own ``state_dict()`` is whole (mmdet's Swin resizes
+  its position-bias tables against it) with the adapter record; the model
+  holding it saves adapter-only where :attr:`AdapterMixin.saves_adapters_only`
+  (:mod:`.model_hooks`); :func:`full_state_dict` and :func:`adapter_state_dict`
+  give either state.
+* **Load**: the model's load pre-hook (:func:`.model_hooks.check_load`, or
+  :meth:`AdapterMixin._check_load_alone` for the backbone alone) ->
+  :meth:`AdapterMixin.load_checked` -> :func:`.adapter_state.checkpoint_problems`;
+  then the load gets what it lacks (the model's base for an adapter-only
+  checkpoint). It opens nothing and changes no module's structure.
 """
 import logging
 import os.path as osp
@@ -30,19 +28,16 @@ from torch.nn.modules.module import register_module_module_registration_hook
 
 from moppa_mm.operators import MoPPAUnit, moppa_units
 from moppa_mm.operators.tracing import is_capturing
-from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
-from ..converters import check_converted
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import model_hooks
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
-                            AdapterRecordMismatchError, PretrainedMismatchError,
-                            _as_recorded, base_fingerprint, checkpoint_problems,
-                            decode_record, encode_record, frozen_base_keys,
-                            is_adapter_key,
-                            read_adapter_record)
+                            AdapterRecordMismatchError, PretrainedMismatchError, _as_recorded,
+                            base_fingerprint, checkpoint_problems, decode_record, encode_record,
+                            frozen_base_keys, is_adapter_key, read_adapter_record)
 from .optimizer_check import watch_first_step, waiting_check
 from .route_loss import RouteLossMixin
 
@@ -78,10 +73,18 @@ class AdapterMixin(RouteLossMixin):
     adapters, and a base may lack them.
 
     Args of the backbones:
+        freeze_pretrained (bool): Freeze all but the adapters when built, so
+            that DDP sees the final trainable set (the head, outside the
+            backbone, trains). Defaults to True.
+        route_loss_weight, route_schedule: The route loss
+            (:class:`~.route_loss.RouteLossMixin`).
         strict_adapter_record (bool): Stop when a checkpoint's record
             disagrees, cannot be read or is absent, or the model around the
             backbone differs (default); False warns (a new task from trained
             adapters, a checkpoint checked by other means).
+        merged (bool): Build merged for inference (:meth:`merge_adapters`), to
+            load a merged checkpoint (``publish_model.py --merge``). False
+            (default): the ``Pretrained`` checkpoint of ``init_cfg`` loads when built.
         random_base (bool): The frozen base is random on purpose (benchmarks,
             tests); otherwise training on a random frozen base stops
             (:class:`NoPretrainedBaseError`). Defaults to False.
@@ -224,14 +227,13 @@ class AdapterMixin(RouteLossMixin):
                    'checkpoint (a config that trains its backbone from scratch?)')
         prefix = f', prefix={prefix!r}' if prefix else ''
         raise NoPretrainedBaseError(
-            f'{type(self).__name__}: training with freeze_pretrained=True, but the '
-            f'frozen base is random: {why}. The adapters would train on a random '
-            'backbone. Either give it a pre-trained base: model.backbone.init_cfg='
-            f"dict(type='Pretrained', checkpoint='/path/to/base.pth'{prefix}) (or load "
-            'a checkpoint that holds the base before training: load_from, resume, '
-            'load_state_dict), or train every parameter from scratch: '
-            'model.backbone.freeze_pretrained=False. (A random frozen base on '
-            'purpose, as in benchmarks: model.backbone.random_base=True.)')
+            f'{type(self).__name__}: training with freeze_pretrained=True, but the frozen '
+            f'base is random: {why}. The adapters would train on a random backbone. Either '
+            "give it a pre-trained base: model.backbone.init_cfg=dict(type='Pretrained', "
+            f"checkpoint='/path/to/base.pth'{prefix}) (or load a checkpoint that holds the "
+            'base before training: load_from, resume, load_state_dict), or train every '
+            'parameter from scratch: model.backbone.freeze_pretrained=False. (A random '
+            'frozen base on purpose, as in benchmarks: model.backbone.random_base=True.)')
 
     # -------------------------------------------------------------- record
     def arch_record(self) -> Dict[str, Any]:
@@ -333,11 +335,6 @@ class AdapterMixin(RouteLossMixin):
         frozen base must be a pre-trained one (:meth:`check_base_for_training`)."""
         if self.training and torch.is_grad_enabled() and not is_capturing():
             self.check_base_for_training()
-
-    @property
-    def moppa_cfg(self) -> Dict[str, Any]:
-        """The units' options as a dict (``moppa_config`` holds them)."""
-        return self.moppa_config.to_dict()
 
     def _adapters(self):
         return [m for m in self.modules() if isinstance(m, self.ADAPTER_TYPES)]

@@ -1,17 +1,14 @@
 """What a MoPPA model's checkpoint holds, and the one check every load runs.
 
-* **The record** (key ``<backbone>._extra_state``: UTF-8 JSON in a uint8
-  tensor, so that every state-dict value stays a tensor;
-  :func:`read_adapter_record`): how the adapters were built and on which
-  pre-trained base (its fingerprint); the model that holds the backbone adds
-  its class, its other tensors' shapes (``heads``) and a ``digest`` of all it
-  saves but the frozen base (:mod:`.model_hooks`).
-* **What an adapter-only checkpoint leaves out**: :func:`frozen_base_keys`,
-  which the save and the digest share.
-* **What a load is checked against**: :func:`checkpoint_problems`, pure, run
-  by every load of the model, by :class:`~moppa_mm.apis.AdapterBank` and (its
-  model-free part, :func:`stored_problems`) by ``publish_model.py``. It opens
-  nothing: the recorded base path is only named.
+* **The record** (key ``<backbone>._extra_state``: UTF-8 JSON in a uint8 tensor,
+  so that every state-dict value stays a tensor; :func:`read_adapter_record`):
+  how the adapters were built and on which pre-trained base (its fingerprint);
+  the model holding the backbone adds its class, its other tensors' shapes
+  (``heads``) and a ``digest`` of all it saves but the frozen base.
+* **What an adapter-only checkpoint leaves out**: :func:`frozen_base_keys`.
+* **What a load is checked against**: :func:`checkpoint_problems`, pure, run by
+  every load of the model, by :class:`~moppa_mm.apis.AdapterBank` and (its
+  model-free part, :func:`stored_problems`) by ``publish_model.py``.
 
 Format ``moppa_mm.adapter/1``: fields are only added, as optional ones
 (``merged``, ``heads``; ``model`` and ``digest`` after 0.1.0), so a record
@@ -172,8 +169,7 @@ def decode_record(value: Any) -> Optional[Dict[str, Any]]:
 def read_adapter_record(checkpoint: Mapping[str, Any],
                         prefix: str = 'backbone.') -> Optional[Dict[str, Any]]:
     """The adapter record of a checkpoint (``{'state_dict': ...}``) or a state
-    dict, for the backbone under ``prefix``; None where it has none or one that
-    cannot be read::
+    dict, for the backbone under ``prefix``; None where none can be read::
 
         record = read_adapter_record(torch.load(path, weights_only=True))
         record['moppa_cfg'], record['base']
@@ -238,11 +234,10 @@ def recorded_not_in_base(record: Mapping[str, Any]) -> Tuple[str, ...]:
 
 def frozen_base_keys(keys: Sequence[str], inside: str,
                      not_in_base: Sequence[str] = ()) -> List[str]:
-    """The keys of the frozen pre-trained base of the backbone whose keys
-    start with ``inside`` (``not_in_base``: patterns of its parameters that no
-    base has): what an adapter-only checkpoint leaves out and its digest does
-    not cover. Every other key (the adapters, the model's heads and neck) is
-    what fine-tuning trains."""
+    """The keys of the frozen base of the backbone under ``inside``
+    (``not_in_base``: patterns of its parameters no base has): what an
+    adapter-only checkpoint leaves out and its digest does not cover; the
+    rest (adapters, heads, neck) is what fine-tuning trains."""
     not_in_base = tuple(not_in_base)
     return [k for k in keys if k.startswith(inside) and k != inside + RECORD_KEY
             and not is_adapter_key(k[len(inside):])
@@ -251,10 +246,9 @@ def frozen_base_keys(keys: Sequence[str], inside: str,
 
 def trained_digest(state: Mapping[str, Any], inside: str,
                    record: Mapping[str, Any]) -> str:
-    """The digest a record carries: of every tensor of ``state`` but the
-    record and the frozen base (names, dtypes, shapes and a CRC-32 of the
-    bytes of each, hashed in name order; a CRC runs at ~2 GB/s, the base's
-    fingerprint hash at a quarter of that)."""
+    """The digest a record carries: of every tensor of ``state`` but the record
+    and the frozen base (names, dtypes, shapes and a CRC-32 of the bytes of
+    each, in name order; a CRC runs at ~2 GB/s, blake2b at a quarter of that)."""
     left_out = set(frozen_base_keys(state, inside, recorded_not_in_base(record)))
     left_out.add(inside + RECORD_KEY)
     digest = hashlib.sha256()
@@ -282,8 +276,8 @@ def base_fingerprint(backbone: nn.Module, incoming: Mapping[str, torch.Tensor]) 
 
 
 def _prefix_hint(incoming: Sequence[str], lacking: Sequence[str]) -> str:
-    """Where the keys given hold the missing ones behind one prefix (a
-    whole-model file given as the base), the ``init_cfg`` line that takes them."""
+    """The ``init_cfg`` prefix that takes the missing keys where the keys given
+    hold them behind one (a whole-model file given as the base)."""
     prefixes: Dict[str, int] = {}
     for key in incoming:
         for name in {key.split('.', 1)[-1], key.split('.', 2)[-1]} & set(lacking) - {key}:
@@ -297,9 +291,9 @@ def _prefix_hint(incoming: Sequence[str], lacking: Sequence[str]) -> str:
 
 def _misfits(incoming: Mapping[str, Any], own: Mapping[str, torch.Tensor],
              resized_on_load: Sequence[str] = ()) -> List[str]:
-    """``key: shape in the checkpoint, shape in the model`` where they differ;
-    keys the model resizes on load (a position embedding, a frequency map on
-    another grid) need only agree in their last dimension (channels, heads)."""
+    """``key: shapes in the checkpoint and the model`` where they differ; keys
+    the model resizes on load (``pos_embed``, a frequency map) need only agree
+    in their last dimension (channels, heads)."""
     def fits(key, value):
         return value.shape == own[key].shape or (
             matches(key, resized_on_load) and value.dim() == own[key].dim()
@@ -326,9 +320,9 @@ def _option_problems(backbone, record, what) -> List[AdapterRecordMismatchError]
 
 
 def _base_problems(backbone, record, what) -> List[PretrainedMismatchError]:
-    """An adapter-only checkpoint: the model's base (loaded when it was built)
-    must be the one the adapters were trained on: by the recorded fingerprint,
-    or (no record) that there is one."""
+    """An adapter-only checkpoint: the model's base (loaded when built) must be
+    the one the adapters were trained on (the recorded fingerprint; no record:
+    that there is one)."""
     recorded, ours = (record or {}).get('base') or {}, backbone.pretrained_base
     if ours is None:
         configured, _ = backbone.configured_base()
@@ -373,9 +367,8 @@ def _base_problems(backbone, record, what) -> List[PretrainedMismatchError]:
 def _adapter_problems(backbone, incoming, own, record, record_key,
                       what) -> List[PretrainedMismatchError]:
     """A fine-tuned checkpoint: all of the model's adapters and none it lacks,
-    the base they were trained on (adapter-only), and last, after every check
-    its tensors allow, a missing record (``record_key``: None where there is
-    one)."""
+    the base they were trained on (adapter-only), and last a missing record
+    (``record_key``: None where there is one)."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
     given = sorted(k for k in incoming if is_adapter_key(k))
     lacking = [k for k in adapters if k not in incoming]
@@ -410,8 +403,7 @@ def _adapter_problems(backbone, incoming, own, record, record_key,
 
 
 def _around_problems(outside, around, record, what) -> List[AdapterRecordMismatchError]:
-    """An adapter checkpoint holds the trained tensors around the backbone
-    (heads, neck): the model's, of its shapes."""
+    """The trained tensors around the backbone (heads, neck): the model's."""
     extra, lacking = sorted(set(outside) - set(around)), sorted(set(around) - set(outside))
     misfits = _misfits(outside, around)
     anew = ('(to start a new task from its adapters, load it anyway: the heads then '
@@ -434,9 +426,9 @@ def _around_problems(outside, around, record, what) -> List[AdapterRecordMismatc
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> Tuple[Optional[Dict[str, Any]], List[MoPPAInputError]]:
     """What a checkpoint says of itself (no model needed): its record under
-    ``inside`` (None where absent or unreadable), and a record that cannot be
-    read or trained tensors that no longer match its digest (damage;
-    ``digest=False``: not checked)."""
+    ``inside`` (None where absent or unreadable), and the problems: a record
+    that cannot be read, trained tensors that no longer match its digest
+    (``digest=False``: not checked)."""
     value = state.get(inside + RECORD_KEY)
     record, problem = read_record(value) if value is not None else (None, None)
     if problem:

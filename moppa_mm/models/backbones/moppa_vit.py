@@ -82,7 +82,7 @@ class ViTAdapterMixin(AdapterMixin):
     supplementary) on the patch embedding, the attention
     (:meth:`_attach_scale_shift`) and both MLP layers. Base parameter names are
     unchanged: the package's checkpoints (mmpretrain's, timm's and JAX's
-    through :mod:`moppa_mm.models.converters`; mmseg's) load as they are.
+    through ``tools/model_converters/vit_to_mmpretrain.py``; mmseg's) load as they are.
 
     The units need the patch grid, which only the patch embedding knows (63
     tokens may be 7 x 9 or 9 x 7): the package's class writes out its ``forward``
@@ -99,9 +99,8 @@ class ViTAdapterMixin(AdapterMixin):
             ablation, the scale & shift adapters stay). Defaults to True.
         use_scale_shift (bool): Add the scale & shift adapters. Defaults to True.
         freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
-            merged, random_base: The build options, as for the Swin
-            (:class:`~.swin_adapters.SwinAdapterMixin`), with the same defaults
-            (``freeze_pretrained`` leaves the head, outside the backbone, trainable).
+            merged, random_base: The build options of every MoPPA backbone
+            (:class:`~.adapter_mixin.AdapterMixin`).
     """
 
     RESIZES_FREQUENCY_MAPS = True  # the patch grid follows img_size

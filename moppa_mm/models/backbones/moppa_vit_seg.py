@@ -15,14 +15,12 @@ from .moppa_vit import ViTAdapterMixin
 
 class MoPPAEncoderLayerSeg(TransformerEncoderLayer):
     """mmseg's ``TransformerEncoderLayer`` with the layer's MoPPA unit
-    (``moppa``, when it has one) between ``ln1`` and the attention."""
+    (``moppa``, when it has one) between ``norm1`` and the attention."""
 
     def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
                 unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W), None for the
-        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`);
-        ``unit_terms``: the unit's filter and field, from the backbone (None:
-        the unit's own). ``with_cp`` checkpoints it as the base class does."""
+        """As :meth:`.moppa_vit.MoPPAEncoderLayer.forward`; ``with_cp``
+        checkpoints it as the base class does."""
         if self.with_cp and x.requires_grad:
             return cp.checkpoint(self.forward_inner, x, patch_grid, *(unit_terms or ()),
                                  use_reentrant=True)

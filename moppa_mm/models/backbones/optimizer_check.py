@@ -1,18 +1,14 @@
 """The adapters' learning rate, checked at the first optimizer step.
 
 A config written for a backbone that trains whole often scales the backbone's
-learning rate down (DINO, Mask2Former: ``paramwise_cfg.custom_keys=
-{'backbone': dict(lr_mult=0.1)}``); with the base frozen such a key covers only
-the adapters, which then train at a tenth of the lr, silently. mmengine's
-default constructor builds the optimizer where the model cannot see the
-config, so a backbone with a frozen base registers, when built, a one-shot
-*global* optimizer step pre-hook (torch's ``register_optimizer_step_pre_hook``;
-it works in a plain PyTorch loop too). At the first ``step()`` of an optimizer
-that holds its adapters it compares their groups' lr (``initial_lr``, before
-any schedule) and weight decay with the optimizer's ``defaults``, warns once,
-and goes after that step; optimizers without the adapters pass. The hook holds
-the backbone weakly (one of a backbone that is gone goes when the next is
-built); ``repr`` names it while it waits (``optimizer_check=...``).
+lr down (``paramwise_cfg.custom_keys={'backbone': dict(lr_mult=0.1)}``); with
+the base frozen such a key covers only the adapters, silently. The optimizer
+is built where the model cannot see the config, so a backbone with a frozen
+base registers a one-shot global step pre-hook (torch's
+``register_optimizer_step_pre_hook``; plain PyTorch loops too): at the first
+``step()`` of an optimizer holding its adapters it compares their lr
+(``initial_lr``) and weight decay with the optimizer's ``defaults``, warns
+once, and goes. It holds the backbone weakly; ``repr`` names it while it waits.
 :class:`~moppa_mm.engine.optimizers.TrainableParamsOptimWrapperConstructor`
 knows the ``paramwise_cfg``: it warns naming the key, and the check is done.
 """

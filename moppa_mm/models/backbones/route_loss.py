@@ -2,13 +2,11 @@
 
 ``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, ``L_reg = sum_i a_i log
 a_i`` averaged over the backbone's units, reaches the loss dict of the model
-that holds the backbone through a forward hook (:mod:`.model_hooks`); mmengine
-sums every ``loss*`` key and logs it. ``T`` and ``T_total`` come from the
-message hub that mmengine's ``RuntimeInfoHook`` keeps while a runner trains:
-epochs for runs of more than one, else iterations. In plain PyTorch a model
-that returns a loss dict gets it the same way; another adds
-:meth:`RouteLossMixin.route_loss` to its loss, weighted by the progress set
-with :meth:`RouteLossMixin.set_route_progress` (``w`` until one is set).
+holding the backbone through a forward hook (:mod:`.model_hooks`), in a runner
+as in plain PyTorch; ``T`` and ``T_total`` come from the message hub of a
+running runner (epochs for runs of more than one, else iterations), or from
+:meth:`RouteLossMixin.set_route_progress` (``w`` until one is set). A model
+that returns no loss dict adds :meth:`RouteLossMixin.route_loss` itself.
 """
 from typing import Optional, Tuple
 

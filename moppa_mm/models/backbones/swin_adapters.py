@@ -1,11 +1,8 @@
 """The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin
-(the same block structure): the MoPPA unit and conv adapter; the mixins that
-write out the forward of the package's ``SwinBlock`` with the adapters in it
-(the window-scope unit runs inside ``WindowMSA``); :class:`SwinAdapterMixin`,
-which swaps every block for its MoPPA subclass after the base ``__init__`` and
-registers the adapters on it (``moppa``, ``conv_adapter``: the checkpoints'
-keys); and :func:`register_swin`, which makes and registers each package's
-class.
+(the same block structure): the unit and conv adapter, the mixins of the
+package's ``SwinBlock`` and ``WindowMSA`` that run them, :class:`SwinAdapterMixin`
+(which adds them after the base ``__init__``) and :func:`register_swin`, which
+makes and registers each package's class.
 """
 import functools
 from typing import Dict, Optional, Tuple
@@ -69,10 +66,9 @@ class SwinConvAdapter(ConvAdapter):
 
 class MoPPAShiftWindowMSAMixin:
     """Mixed into a package's ``ShiftWindowMSA``: its ``window_reverse`` reads
-    the batch off the windows (``-1``). The packages' own work B out with a
-    float division and ``int()``: a constant in a traced graph (an ONNX graph
-    exported at batch 2 misreads batch 3) and a specialisation that makes
-    ``torch.export`` refuse a dynamic batch."""
+    the batch off the windows (``-1``), where the packages' own ``int()`` of a
+    float division makes a constant in a traced graph (an ONNX graph exported
+    at batch 2 misreads batch 3) and ``torch.export`` refuse a dynamic batch."""
 
     def window_reverse(self, windows: torch.Tensor, h: int, w: int,
                        window_size: Optional[int] = None) -> torch.Tensor:
@@ -155,19 +151,9 @@ class SwinAdapterMixin(AdapterMixin):
         use_scale_shift (bool): Add scale & shift (RLRR/SSF style) on the patch
             embedding, the attention's value and output projections and both FFN
             layers, as the paper does for classification (the package's default).
-        freeze_pretrained (bool): Freeze all but the adapters when built, so that DDP
-            sees the final trainable set. Defaults to True.
-        route_loss_weight (float): ``w`` of the route regularisation (paper Eq. 13),
-            ``loss_route`` in the model's losses; 0 turns it off. Defaults to 1.0.
-        route_schedule (str): ``T`` of Eq. 13: ``'epoch'``, ``'iter'`` or ``'auto'``
-            (default: epochs when the run has more than one).
-        strict_adapter_record (bool): Stop (default) or, False, warn when a
-            checkpoint's adapter record disagrees, cannot be read or is absent.
-        merged (bool): Build merged for inference (:meth:`merge_adapters`), to load
-            a merged checkpoint (``publish_model.py --merge``). False (default): the
-            ``Pretrained`` checkpoint of ``init_cfg`` is loaded when built.
-        random_base (bool): The frozen base is random on purpose (benchmarks, tests);
-            otherwise training without a pre-trained base stops. Defaults to False.
+        freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
+            merged, random_base: The build options of every MoPPA backbone
+            (:class:`~.adapter_mixin.AdapterMixin`).
     """
 
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)

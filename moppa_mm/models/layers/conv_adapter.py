@@ -16,11 +16,7 @@ class ConvAdapter(nn.Module):
     (done as Linear layers on (B, H, W, C), no permute), the 3x3 convolution
     runs on the ``hidden_dims`` bottleneck. ``up`` starts at zero, so the adapter
     starts as the identity and the pre-trained block's output is unchanged.
-
-    When ``x`` is the output of a LayerNorm, :meth:`forward_after_norm` gives the
-    same result and gradients while saving only the two bottleneck tensors for
-    backward: ``x`` itself (C channels) is recomputed from the norm's input,
-    which the norm already keeps, and the activation from its input.
+    :meth:`forward_after_norm`: the same, leaner on memory, after a LayerNorm.
 
     Args:
         embed_dims (int): Channels ``C``.
@@ -56,12 +52,10 @@ class ConvAdapter(nn.Module):
 
     def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor,
                            norm: nn.LayerNorm) -> torch.Tensor:
-        """:meth:`forward` for ``x = norm(norm_input)``, lean on memory.
-
-        ``x``: (B, H, W, C); ``norm_input`` any shape with as many elements.
-        Gradients reach ``x`` (and through it the norm) and the adapter's own
-        parameters exactly as with :meth:`forward`.
-        """
+        """:meth:`forward` for ``x = norm(norm_input)``, with the same result
+        and gradients, saving only the two bottleneck tensors for backward
+        (:class:`_ConvAdapterFunction`). ``x``: (B, H, W, C); ``norm_input``
+        any shape with as many elements."""
         if not torch.is_grad_enabled() or is_capturing() or not isinstance(norm, nn.LayerNorm) or \
                 type(norm).forward is not nn.LayerNorm.forward:
             return self.forward(x)  # only a plain LayerNorm can be recomputed

@@ -2,14 +2,12 @@
 
 The :class:`ScaleShift` (the parameters) stays registered where the
 checkpoints have always had it (``attn.ssf_value``, ``ffn.ssf_fc1``,
-``patch_embed.ssf_proj``...); the layer whose output it scales is swapped for
-a subclass whose ``forward`` runs it, adopting the layer's own parameters (so
-their names do not change either), as mmpretrain's ``LoRALinear`` wraps a
-linear layer: :class:`LinearScaleShift` for an ``nn.Linear`` (the attention's
-qkv and output projections, both MLP layers), :class:`Conv2dScaleShift` for an
-``nn.Conv2d`` (the patch embedding's projection). Both fold the scale & shift
-into the layer's weight and bias (:func:`_folded`): one multiply of a small
-tensor, no pass over the activations.
+``patch_embed.ssf_proj``...); the layer whose output it scales becomes a
+subclass whose ``forward`` runs it (:class:`LinearScaleShift`,
+:class:`Conv2dScaleShift`), adopting the layer's own parameters (names
+unchanged), as mmpretrain's ``LoRALinear`` wraps a linear layer. Both fold the
+scale & shift into the layer's weight and bias (:func:`_folded`): one multiply
+of a small tensor, no pass over the activations.
 """
 from typing import Optional, Tuple
 
@@ -185,8 +183,6 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
     """
 
     def __init__(self, linear: nn.Linear, scale_shift: ScaleShift, name: str) -> None:
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f'LinearScaleShift adopts an nn.Linear, got {type(linear).__name__}')
         super().__init__(linear.in_features, linear.out_features,
                          bias=linear.bias is not None, device='meta')
         self._adopt(linear, scale_shift, name)
@@ -216,18 +212,10 @@ class LinearScaleShift(_RunsScaleShift, nn.Linear):
 
 class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):
     """``nn.Conv2d`` with a :class:`ScaleShift` (``channel_dim=1``) on its
-    output: the patch embedding's projection.
-
-    Args:
-        conv (nn.Conv2d): The layer; its ``weight`` and ``bias`` are adopted.
-        scale_shift (ScaleShift): Registered by the caller (in the layer's
-            parent).
-        name (str): ``scale_shift``'s name in the layer's parent, for ``repr``.
-    """
+    output (the patch embedding's projection); arguments as
+    :class:`LinearScaleShift`'s, ``conv`` the layer."""
 
     def __init__(self, conv: nn.Conv2d, scale_shift: ScaleShift, name: str) -> None:
-        if not isinstance(conv, nn.Conv2d):
-            raise TypeError(f'Conv2dScaleShift adopts an nn.Conv2d, got {type(conv).__name__}')
         super().__init__(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                          conv.padding, conv.dilation, conv.groups, conv.bias is not None,
                          conv.padding_mode, device='meta')

@@ -1,16 +1,19 @@
 """Each converter: a small checkpoint in the source format (same key scheme,
 tiny dims), converted and loaded into the MoPPA ViT with nothing unexpected and
-nothing missing but adapters; real key names checked against a listed mapping."""
+nothing missing but adapters; real key names checked against a listed mapping.
+A plain ViT state dict loads into mmpretrain's LoRAModel through
+``plain_to_lora_keys``."""
 import numpy as np
 import pytest
 import torch
 from mmpretrain.models.backbones import VisionTransformer
+from mmpretrain.models.peft import LoRAModel
 
-from moppa_mm.models import MoPPAVisionTransformer
-from moppa_mm.models.converters import (SourceFormatError, convert, jax_vit_to_mmpretrain,
-                                        mae_to_mmpretrain, mocov3_to_mmpretrain, save_backbone)
-from moppa_mm.utils.checkpoints import CheckpointLoadError
-from moppa_mm.models import full_state_dict
+from model_converters.vit_to_mmpretrain import (convert, jax_vit_to_mmpretrain,
+                                                mae_to_mmpretrain, mocov3_to_mmpretrain,
+                                                plain_to_lora_keys, save_backbone)
+from moppa_mm.models import MoPPAVisionTransformer, full_state_dict
+from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 TINY = dict(arch=ARCH, img_size=32, patch_size=8)
@@ -216,3 +219,22 @@ def test_non_finite_source_is_refused(tmp_path):
     np.savez(tmp_path / 'ViT.npz', **npz)
     with pytest.raises(CheckpointLoadError, match=r"ViT\.npz' .*embedding/bias \(1 of 32\)"):
         convert(str(tmp_path / 'ViT.npz'), 'jax')
+
+
+def test_plain_vit_state_loads_into_lora_model():
+    torch.manual_seed(0)
+    plain = VisionTransformer(**TINY)
+    plain.init_weights()
+    lora = LoRAModel(module=dict(type='mmpretrain.VisionTransformer', **TINY),
+                     alpha=2, rank=2, targets=[dict(type='qkv'), dict(type='proj')])
+    plain.eval()  # (mmpretrain's ViT.train returns None: no chaining)
+    lora.eval()
+    state = plain_to_lora_keys(plain.state_dict(), lora.module)
+    assert 'layers.0.attn.qkv.original_layer.weight' in state
+    assert 'layers.0.attn.qkv.weight' not in state
+    missing, unexpected = lora.module.load_state_dict(state, strict=False)
+    assert not unexpected
+    assert missing and all('lora_' in key for key in missing)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # LoRA starts at zero: the plain ViT's function
+        torch.testing.assert_close(lora(x)[-1], plain(x)[-1])
