@@ -470,8 +470,8 @@ def check_config(cfg, mode: str = 'train') -> None:
         _check_work_dir(cfg.work_dir)
     from moppa_mm.models.converters import check_converted
     from moppa_mm.utils.checkpoints import load_checkpoint_file
-    bases = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
-    checkpoints = list(bases)
+    checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
+    bases = list(checkpoints)  # the pre-trained bases (init_cfg), not load_from
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
     elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir'):
