@@ -242,7 +242,7 @@ def cls_demo(tmp_path_factory):
     tools/quickstart.sh cls makes it: data/vtab_demo/ (the generated task and
     the converted base)."""
     from demo.vtab_task import make_mae_vit_checkpoint, make_vtab_task
-    from moppa_mm.models.converters import convert, save_backbone
+    from model_converters.vit_to_mmpretrain import convert, save_backbone
     root = tmp_path_factory.mktemp('cls_demo')
     data = root / 'data' / 'vtab_demo'
     make_vtab_task(str(data))
