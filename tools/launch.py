@@ -13,6 +13,7 @@ import logging
 import os
 import os.path as osp
 import sys
+import warnings
 from typing import List, Optional
 
 # neighbours in tools/
@@ -186,7 +187,9 @@ def run_tool(mode: str, argv: Optional[List[str]] = None) -> None:
     if config is not None:
         if not osp.isfile(config):
             raise InputNotFoundError(f'config file not found: {config!r}')
-        scope = read_config(config).get('default_scope', 'mmdet')
+        with warnings.catch_warnings():  # the tool reads it again, and warns then
+            warnings.simplefilter('ignore')
+            scope = read_config(config).get('default_scope', 'mmdet')
     path = openmmlab_tool_path(scope, mode)
     spec = importlib.util.spec_from_file_location(f'_{scope}_tools_{mode}', path)
     tool = importlib.util.module_from_spec(spec)

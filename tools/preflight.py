@@ -290,6 +290,30 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
             f'was trained with, or set model.backbone.type={backbone!r}.')
 
 
+def _check_base_is_no_adapter_checkpoint(where: str, path: str, checkpoint) -> None:
+    """A MoPPA adapter-only checkpoint (what training saves: the adapters and
+    the heads, without the frozen pre-trained weights) given as a pre-trained
+    base: the backbone would get adapters and no base, and the model's load
+    check can only say that the base is missing."""
+    from moppa_mm.models.backbones.adapter_state import (RECORD_KEY, decode_record,
+                                                         frozen_base_keys,
+                                                         recorded_not_in_base)
+    state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+    for key, value in state.items():
+        record = decode_record(value) if key.endswith(RECORD_KEY) else None
+        inside = key[:-len(RECORD_KEY)]  # the backbone's prefix in the file
+        if record is None or frozen_base_keys(state, inside, recorded_not_in_base(record)):
+            continue
+        trained_on = (record.get('base') or {}).get('checkpoint')
+        base = f' ({trained_on!r}, as its record says)' if trained_on else ''
+        raise InputValueError(
+            f'the checkpoint {where} = {path!r} is a MoPPA adapter-only checkpoint (the '
+            f'adapters and heads of a trained {record["backbone"]}, without the frozen '
+            'pre-trained weights), not a pre-trained base. Set it to the base the adapters '
+            f'were trained on{base}, and give this file to the tool instead: --resume or '
+            'load_from to go on training it, tools/test.py CONFIG CHECKPOINT to test it.')
+
+
 def _check_moved_options(cfg) -> None:
     """Options that moved into the model: a config that still sets them would
     train without them, silently."""
@@ -300,6 +324,30 @@ def _check_moved_options(cfg) -> None:
             'backbone\'s own. Set model.backbone.route_loss_weight='
             f'{cfg.route_loss_weight!r} instead (--cfg-options '
             f'model.backbone.route_loss_weight={cfg.route_loss_weight!r}).')
+
+
+def _check_amp_device(cfg) -> None:
+    """mmengine's ``AmpOptimWrapper`` (``--amp`` sets it) asserts a GPU (or an
+    NPU, MLU or MUSA device) when the Runner builds it, after the model and
+    the data: without one, a traceback ending in an ``AssertionError``."""
+    from mmengine.device import (is_cuda_available, is_mlu_available, is_musa_available,
+                                 is_npu_available)
+    from mmengine.optim import AmpOptimWrapper
+    from mmengine.registry import OPTIM_WRAPPERS
+    wrapper = cfg.get('optim_wrapper') or {}
+    type_name = wrapper.get('type') if hasattr(wrapper, 'get') else None
+    cls = OPTIM_WRAPPERS.get(type_name) if isinstance(type_name, str) else type_name
+    if not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)) or any(
+            available() for available in (is_cuda_available, is_npu_available,
+                                          is_mlu_available, is_musa_available)):
+        return
+    raise InputValueError(
+        f'optim_wrapper.type = {type_name!r} (--amp, --cfg-options or the config): '
+        "mmengine's AmpOptimWrapper trains only on a GPU (or an NPU, MLU or MUSA "
+        'device), and this machine has none. On CPU train in float32 without it: drop '
+        '--amp and the --cfg-options optim_wrapper.type / dtype / loss_scale; for mixed '
+        "precision on CPU, use torch.autocast('cpu', dtype=torch.bfloat16) in a plain "
+        'PyTorch training loop.')
 
 
 def _is_remote(path: str) -> bool:
@@ -409,15 +457,20 @@ def check_config(cfg, mode: str = 'train') -> None:
     Also checks the class counts: a classification head against a VTAB-1K or
     FGVC task, every bbox, mask, decode and auxiliary head against an mmdet or
     mmseg data set's classes (and those against a COCO file's categories);
-    that ``work_dir`` is no file; and that a config with a MoPPA backbone does
-    not set the old top-level ``route_loss_weight``.
+    that ``work_dir`` is no file; that a config with a MoPPA backbone does
+    not set the old top-level ``route_loss_weight``; that no pre-trained base
+    is a MoPPA adapter-only checkpoint; and, for training, that an
+    ``AmpOptimWrapper`` has a GPU to run on.
     """
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
+    if mode == 'train':
+        _check_amp_device(cfg)
     if cfg.get('work_dir') and not _is_remote(cfg.work_dir):
         _check_work_dir(cfg.work_dir)
     from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
+    bases = list(checkpoints)  # the pre-trained bases (init_cfg), not load_from
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
     elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir'):
@@ -430,6 +483,8 @@ def check_config(cfg, mode: str = 'train') -> None:
             continue
         # missing, empty, truncated, unsafe, or NaN / infinite values
         checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
+        if (where, path, prefix) in bases:
+            _check_base_is_no_adapter_checkpoint(where, path, checkpoint)
         if prefix:  # a release not converted to the prefixed keys
             check_converted(path, checkpoint, prefix, where)
         else:

@@ -4,7 +4,7 @@
 # on a generated COCO-format shapes set, evaluates bbox + segm AP with pycocotools,
 # saves adapter-only checkpoints, and tools/test.py re-evaluates the last one.
 #   bash tools/quickstart.sh
-# The classification path instead (about a minute): a generated VTAB-1K-format task
+# The classification path instead (about half a minute): a generated VTAB-1K-format task
 # and a small MAE-format ViT, converted by our converter, trained 4 epochs, re-tested.
 #   bash tools/quickstart.sh cls
 set -euo pipefail

@@ -1,4 +1,4 @@
-# The classification quick-start on CPU in about a minute: the real MoPPA ViT
+# The classification quick-start on CPU in about half a minute: the real MoPPA ViT
 # VTAB-1K config (MAE pre-training, eurosat) with a 2-layer ViT on 32 px images
 # of a generated task (`python tools/demo/vtab_task.py`), 4 epochs, top-1.
 #   bash tools/quickstart.sh cls

@@ -19,7 +19,8 @@ def test_old_hook_names_build_the_renamed_hooks(old, new):
 
 
 def test_the_old_fragment_name_is_the_new_fragment():
-    with pytest.warns(DeprecationWarning, match='Please use configs/_base_/safe_training.py'):
+    with pytest.warns(FutureWarning, match='configs/_base_/moppa_guards.py is renamed '
+                                           'configs/_base_/safe_training.py'):
         old = Config.fromfile(osp.join(REPO, 'configs/_base_/moppa_guards.py'))
     new = Config.fromfile(osp.join(REPO, 'configs/_base_/safe_training.py'))
     assert old.to_dict() == new.to_dict()

@@ -231,3 +231,61 @@ def test_a_seg_head_of_another_class_count_is_one_line(tmp_path, monkeypatch):
     assert_one_line(run, "model.decode_head.num_classes = 4, but train_dataloader.dataset has "
                     "5 classes ('wall', 'building', 'sky', 'floor', 'tree'; "
                     'train_dataloader.dataset.metainfo.classes)')
+
+
+CLS_DEMO = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')
+
+
+@pytest.fixture(scope='module')
+def cls_demo(tmp_path_factory):
+    """A folder with what the classification demo config reads, as
+    tools/quickstart.sh cls makes it: data/vtab_demo/ (the generated task and
+    the converted base)."""
+    from demo.vtab_task import make_mae_vit_checkpoint, make_vtab_task
+    from model_converters.vit_to_mmpretrain import convert, save_backbone
+    root = tmp_path_factory.mktemp('cls_demo')
+    data = root / 'data' / 'vtab_demo'
+    make_vtab_task(str(data))
+    save_backbone(convert(make_mae_vit_checkpoint(str(data / 'mae.pth')), 'mae'),
+                  str(data / 'vit_demo_mmpretrain.pth'))
+    return root
+
+
+@pytest.mark.parametrize('args', [('--amp', ),
+                                  ('--cfg-options', 'optim_wrapper.type=AmpOptimWrapper',
+                                   'optim_wrapper.dtype=bfloat16')])
+def test_amp_without_a_gpu_is_one_line(cls_demo, tmp_path, args):
+    """mmengine's AmpOptimWrapper asserts a GPU when the Runner builds it (a
+    traceback, after the model); CUDA hidden, as on a CPU-only machine."""
+    run = subprocess.run(
+        [PYTHON, osp.join(REPO, 'tools/train.py'), CLS_DEMO, '--work-dir',
+         str(tmp_path / 'work'), *args], cwd=cls_demo,
+        env=dict(child_env(), CUDA_VISIBLE_DEVICES=''), capture_output=True, text=True,
+        timeout=600)
+    assert_one_line(run, "optim_wrapper.type = 'AmpOptimWrapper' (--amp, --cfg-options or "
+                    "the config): mmengine's AmpOptimWrapper trains only on a GPU")
+    assert 'torch.autocast' in run.stderr
+    assert not (tmp_path / 'work').exists()  # stopped before the Runner
+
+
+def test_an_adapter_checkpoint_given_as_the_base_is_one_line(cls_demo, tmp_path,
+                                                             monkeypatch):
+    """The classification demo's adapter-only checkpoint (as training saves it)
+    given as the pre-trained base: named as what it is, with the base its
+    record names (the model's load check said the base was not loaded)."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+    from mmpretrain.registry import MODELS
+    monkeypatch.chdir(cls_demo)  # the config reads data/vtab_demo/
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        model = MODELS.build(Config.fromfile(CLS_DEMO).model)
+    adapters = tmp_path / 'epoch_4.pth'
+    torch.save({'state_dict': model.state_dict(), 'meta': {}}, adapters)
+    run = run_tool('train.py', CLS_DEMO, '--work-dir', tmp_path / 'work', '--cfg-options',
+                   f'model.backbone.init_cfg.checkpoint={adapters}', cwd=cls_demo)
+    assert_one_line(run, f"the checkpoint model.backbone.init_cfg.checkpoint = '{adapters}' "
+                    'is a MoPPA adapter-only checkpoint (the adapters and heads of a '
+                    'trained MoPPAVisionTransformer, without the frozen pre-trained '
+                    'weights), not a pre-trained base. Set it to the base the adapters were '
+                    f"trained on ('{cls_demo}/data/vtab_demo/vit_demo_mmpretrain.pth', as its "
+                    'record says)')

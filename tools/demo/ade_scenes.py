@@ -6,6 +6,8 @@ downloaded::
 
     python tools/demo/ade_scenes.py --root data/ade_demo
 """
+import contextlib
+import io
 import os
 import os.path as osp
 from typing import Dict, Optional
@@ -71,7 +73,10 @@ def make_mmseg_swin_checkpoint(path: str, seed: int = 0, **swin_kwargs) -> str:
     from mmseg.models.backbones import SwinTransformer
     torch.manual_seed(seed)
     swin = SwinTransformer(**swin_kwargs)
-    swin.init_weights()
+    # random on purpose: without a checkpoint init_weights prints "No pre-trained
+    # weights for SwinTransformer, training start from scratch"
+    with contextlib.redirect_stdout(io.StringIO()):
+        swin.init_weights()
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     torch.save(swin.state_dict(), path)
     return path

@@ -5,6 +5,7 @@ checkpoint in the official release format. Nothing is downloaded::
     python tools/demo/coco_shapes.py --root data/shapes_demo
 """
 import json
+import logging
 import os
 import os.path as osp
 from collections import OrderedDict
@@ -125,7 +126,14 @@ def make_swin_checkpoint(path: str, seed: int = 0, **swin_kwargs) -> str:
     from mmdet.models.backbones import SwinTransformer
     torch.manual_seed(seed)
     swin = SwinTransformer(**swin_kwargs)
-    swin.init_weights()
+    # random on purpose: without a checkpoint init_weights logs the WARNING "No
+    # pre-trained weights for SwinTransformer, training start from scratch"
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        swin.init_weights()
+    finally:
+        logging.disable(previous)
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     torch.save({'model': mmdet_swin_to_official(swin.state_dict())}, path)
     return path
