@@ -531,11 +531,18 @@ def moppa_units(module: nn.Module):
 
 
 def route_regularization(module: nn.Module) -> torch.Tensor:
-    """``L_reg`` averaged over all MoPPA units inside ``module``."""
+    """``L_reg`` averaged over all MoPPA units inside ``module``. The routers of
+    as many experts are stacked, (units, experts): one softmax serves them all
+    (a training step pays per operation, not per router)."""
     units = moppa_units(module)
     if not units:
         raise ValueError(f'{type(module).__name__} holds no MoPPAUnit')
-    return torch.stack([u.route_regularization() for u in units]).mean()
+    routers: Dict[torch.Size, List[torch.Tensor]] = {}
+    for unit in units:
+        routers.setdefault(unit.route_logits.shape, []).append(unit.route_logits)
+    total = sum((logits.softmax(-1) * logits.log_softmax(-1)).sum()
+                for logits in (_Stack.apply(*group) for group in routers.values()))
+    return total / len(units)
 
 
 __all__ = [

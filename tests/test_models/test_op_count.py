@@ -66,6 +66,8 @@ def step(variant: str, depth: int) -> Ops:
     with torch.autocast('cpu', dtype=torch.bfloat16):  # its own: autocast caches casts
         with Ops() as ops:
             loss = nn.functional.cross_entropy(head(model(x)[-1]), labels)
+            if variant == 'moppa':  # as mmengine adds it: loss_route is part of the step
+                loss = loss + model.route_loss()
             loss.backward()
     return ops
 
