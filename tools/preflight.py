@@ -431,7 +431,8 @@ def check_config(cfg, mode: str = 'train') -> None:
         # missing, empty, truncated, unsafe, or NaN / infinite values
         checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
         if prefix:  # a release not converted to the prefixed keys
-            check_converted(path, checkpoint, prefix, where)
+            check_converted(path, checkpoint, prefix, where, backbone=cfg.get('model', {}).get(
+                'backbone', {}).get('type') if where.startswith('model.backbone.') else None)
         else:
             _check_adapter_checkpoint_fits(cfg, where, path, checkpoint)
     _check_moved_options(cfg)

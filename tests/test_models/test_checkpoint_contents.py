@@ -74,7 +74,7 @@ def test_damaged_trained_tensors_stop_every_loader(trained_classifier, tmp_path,
     from moppa_mm import AdapterBank
     path = damaged(trained_classifier['checkpoint'], tmp_path, key)
     pretrained = trained_classifier['pretrained']
-    match = r"MoPPAVisionTransformer: the checkpoint is damaged: its trained tensors"
+    match = r"MoPPAVisionTransformer: the checkpoint is damaged: its tensors"
     with pytest.raises(CheckpointLoadError, match=match):
         load_checkpoint(build(classifier_cfg(pretrained)), path, map_location='cpu')
     state = torch.load(path, weights_only=True)['state_dict']

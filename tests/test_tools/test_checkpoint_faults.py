@@ -130,8 +130,8 @@ def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
         load_checkpoint(model, 'nan_adapter.pth')  # what the Runner calls
 
 
-DAMAGED = (r"MoPPAVisionTransformer: the checkpoint is damaged: its trained tensors \(the "
-           r'adapters and the tensors around the backbone\) do not match the digest')
+DAMAGED = (r"MoPPAVisionTransformer: the checkpoint is damaged: its tensors \(the adapters, "
+           r'the tensors around the backbone and any base it carries\) do not match the digest')
 
 
 @pytest.mark.parametrize('how', ['test', 'load_from', 'resume'])

@@ -173,15 +173,15 @@ def test_flipped_bytes_in_a_tensor_are_refused(shapes_data, tmp_path):
     cfg, path = flipped_adapter_checkpoint(shapes_data, tmp_path)
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)
-    with pytest.raises(CheckpointLoadError, match='the checkpoint is damaged: its trained '
-                       'tensors .* do not match the digest'):
+    with pytest.raises(CheckpointLoadError, match='the checkpoint is damaged: its tensors '
+                       '.* do not match the digest'):
         load_checkpoint(model, str(path), map_location='cpu')
     run = subprocess.run(
         [PYTHON, 'tools/model_converters/publish_model.py', str(path),
          str(tmp_path / 'moppa.pth')], cwd=REPO, env=child_env(), capture_output=True,
         text=True, timeout=300)
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr[-3000:]
-    assert (f"publish_model.py: checkpoint to publish '{path}' is damaged: its trained "
+    assert (f"publish_model.py: checkpoint to publish '{path}' is damaged: its "
             'tensors') in run.stderr, run.stderr[-3000:]
     assert not list(tmp_path.glob('moppa*'))
 
