@@ -186,6 +186,15 @@ def test_flipped_bytes_in_a_tensor_are_refused(shapes_data, tmp_path):
     assert not list(tmp_path.glob('moppa*'))
 
 
+def test_a_bad_backbone_argument_is_one_line(shapes_data, tmp_path):
+    """Once taken as True (a non-empty string): the one check of the backbones'
+    arguments names the key and what it must be."""
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    assert_one_line(run_train(cfg, tmp_path, '--cfg-options', 'model.backbone.use_moppa=no'),
+                    "MoPPASwinTransformer: model.backbone.use_moppa = 'no': it must be True "
+                    'or False')
+
+
 def test_unreachable_url_base_is_one_line(shapes_data, tmp_path):
     import socket
     with socket.socket() as sock:  # a port nothing listens on
