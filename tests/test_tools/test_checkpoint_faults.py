@@ -235,11 +235,11 @@ def test_an_adapter_checkpoint_given_as_the_base_says_so(in_demo):
     """Once: "names 'adapter.pth', which was not loaded (missing when the model
     was built?)" of a file that is there."""
     message = (rf"{INIT_CFG} = 'adapter.pth': MoPPAVisionTransformer: the checkpoint holds "
-               r'adapters and no pre-trained weights: it is an adapter checkpoint \(a '
-               r'fine-tuned model\), not a pre-trained base\. Give it to the whole model: as '
-               r'the checkpoint to test \(tools/test.py CONFIG CHECKPOINT\), load_from.* '
-               r"model.backbone.init_cfg.checkpoint \(it was trained on '.*"
-               r"vit_demo_mmpretrain.pth'\)\.$")
+               r'adapters and no pre-trained weights: an adapter checkpoint, not a pre-trained '
+               r'base\. Give it to the whole model \(the checkpoint of tools/test.py, '
+               r'load_from, .*\) with the base it was trained on as '
+               r"model.backbone.init_cfg.checkpoint \(recorded: '.*vit_demo_mmpretrain.pth'\)"
+               r'\.$')
     with pytest.raises(PretrainedMismatchError, match=message):
         run_tool('train', [CONFIG, '--cfg-options', f'{INIT_CFG}=adapter.pth',
                            '--work-dir', 'work'])

@@ -51,8 +51,7 @@ def _number(value: Any) -> bool:
         and math.isfinite(value)
 
 
-# The MoPPA backbones' own arguments, checked in one place
-# (:meth:`AdapterMixin._pop_adapter_args`): name -> (what it must be, the test).
+# The backbones' own arguments (checked in _pop_adapter_args): name -> (what it must be, test)
 BACKBONE_ARGS = {
     **{name: ('True or False', lambda v: isinstance(v, bool)) for name in (
         'use_moppa', 'use_scale_shift', 'use_conv_adapter', 'freeze_pretrained',
@@ -124,12 +123,10 @@ class AdapterMixin(RouteLossMixin):
     merged: bool = False  # adapters folded in for inference (merge_adapters)
 
     def _pop_adapter_args(self, kwargs: dict, own: Dict[str, Any]) -> MoPPAConfig:
-        """The one check of the backbone's own arguments (``own``: its
-        ``__init__``'s, by name) against :data:`BACKBONE_ARGS`, before the base
-        ``__init__`` (``kwargs``: what goes there; another MoPPA backbone's
-        argument is named); returns the units' options, validated. The base
-        class gets an attribute-style ``init_cfg`` (mmdet's Swin reads
-        ``init_cfg.checkpoint``)."""
+        """The one check of the backbone's arguments (``own``: its ``locals()``;
+        ``kwargs``: the base class's, where another backbone's is named), and
+        the units' options (returned); an attribute-style ``init_cfg`` for the
+        base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
         name = type(self).__name__
         for arg in sorted(BACKBONE_ARGS.keys() & kwargs.keys()):
             raise InputValueError(f'{name}: model.backbone.{arg} is an argument of another '
@@ -334,16 +331,14 @@ class AdapterMixin(RouteLossMixin):
         state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         for problem in checkpoint_problems(state, self, inside, around,
                                            f'{type(self).__name__}: the checkpoint'):
-            if isinstance(problem, BaseOnlyCheckpoint):  # right before training
-                print_log(str(problem), logger='current', level=logging.WARNING)
-            elif not isinstance(problem, AdapterRecordMismatchError):
-                raise problem
-            elif self.strict_adapter_record:
+            if isinstance(problem, AdapterRecordMismatchError) and self.strict_adapter_record:
                 raise type(problem)(f'{problem} To load it anyway, set '
                                     'model.backbone.strict_adapter_record=False.') from None
-            else:
-                print_log(f'{problem} (strict_adapter_record=False: loading anyway)',
-                          logger='current', level=logging.WARNING)
+            if not isinstance(problem, (AdapterRecordMismatchError, BaseOnlyCheckpoint)):
+                raise problem
+            print_log(f'{problem}' if isinstance(problem, BaseOnlyCheckpoint) else  # a base
+                      f'{problem} (strict_adapter_record=False: loading anyway)',
+                      logger='current', level=logging.WARNING)
         incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
         record = decode_record(incoming.pop(RECORD_KEY, None))
         own = self.state_dict()

@@ -4,16 +4,15 @@
   so that every state-dict value stays a tensor; :func:`read_adapter_record`):
   how the adapters were built and on which pre-trained base (its fingerprint);
   the model holding the backbone adds its class, its other tensors' shapes
-  (``heads``) and a ``digest`` of all it saves but the frozen base.
+  (``heads``) and a ``digest`` of all it saves.
 * **What an adapter-only checkpoint leaves out**: :func:`frozen_base_keys`.
 * **What a load is checked against**: :func:`checkpoint_problems`, pure, run by
   every load of the model, by :class:`~moppa_mm.apis.AdapterBank` and (its
   model-free part, :func:`stored_problems`) by ``publish_model.py``.
 
 Format ``moppa_mm.adapter/1``: fields are only added, as optional ones
-(``merged``, ``heads``; ``model`` and ``digest`` after 0.1.0), so a record
-without a digest loads, unchecked for damage; a change of a field's meaning
-would change the number. Earlier versions refuse records with newer fields.
+(``merged``, ``heads``; ``model``, ``digest`` after 0.1.0: without, no damage
+check); a change of meaning changes the number. Earlier versions refuse newer.
 """
 import hashlib
 import json
@@ -42,8 +41,7 @@ ADAPTER_GROUPS = (
 )
 ADAPTER_PATTERNS = tuple(p for _, patterns, _ in ADAPTER_GROUPS for p in patterns)
 
-# The backbone classes as configs name them: each package registers its own
-# under one name (the record holds the class's).
+# The backbone classes (as records hold them) as configs name them
 KNOWN_AS = {f'MoPPA{kind}Transformer{suffix}': f"{package}'s MoPPA{kind}Transformer"
             for kind, suffix, package in (
                 ('Swin', '', 'MMDetection'), ('Swin', 'Cls', 'MMPretrain'),
@@ -64,9 +62,8 @@ class PretrainedMismatchError(MoPPAInputError, RuntimeError):
 
 
 class BaseOnlyCheckpoint(PretrainedMismatchError):
-    """A whole model loaded with only its backbone's pre-trained weights: right
-    before training (``load_from`` of a base), so a model's load warns; the
-    adapter bank, which needs a task, refuses it."""
+    """A whole model loaded with its backbone's pre-trained weights alone: right
+    before training (``load_from``), so a load warns; the adapter bank refuses."""
 
 
 class AdapterRecordMismatchError(PretrainedMismatchError):
@@ -251,11 +248,9 @@ def frozen_base_keys(keys: Sequence[str], inside: str,
 
 
 def trained_digest(state: Mapping[str, Any], inside: str) -> str:
-    """The digest a record carries: of every tensor of ``state`` but the record
-    (names, dtypes, shapes and a CRC-32 of the bytes of each, in name order; a
-    CRC runs at ~2 GB/s, blake2b at a quarter of that): the adapters and heads
-    of an adapter-only file, every tensor of a whole, self-contained or merged
-    one (the base it carries too)."""
+    """The digest a record carries: of every tensor of ``state`` but the record,
+    a base it carries too (names, dtypes, shapes and a CRC-32 of the bytes of
+    each, in name order; a CRC runs at ~4 GB/s, blake2b at a fifth of that)."""
     digest = hashlib.sha256()
     for name in sorted(k for k, v in state.items()
                        if k != inside + RECORD_KEY and isinstance(v, torch.Tensor)):
@@ -266,9 +261,8 @@ def trained_digest(state: Mapping[str, Any], inside: str) -> str:
 
 
 def redigest(state: Dict[str, Any], inside: str) -> None:
-    """The record under ``inside`` with the digest of ``state`` as it is now
-    (the base added or left out after the save); one without a digest (a
-    backbone saved alone) stays as it is."""
+    """The digest of ``state`` as it is now into a record under ``inside`` that
+    has one (the base added or left out after the save)."""
     record = decode_record(state.get(inside + RECORD_KEY))
     if record and record.get('digest'):
         state[inside + RECORD_KEY] = encode_record({**record,
@@ -340,14 +334,11 @@ def _base_problems(backbone, record, what, alone) -> List[PretrainedMismatchErro
     that there is one); given as the base itself (``alone``), it is none."""
     recorded, ours = (record or {}).get('base') or {}, backbone.pretrained_base
     if ours is None and alone:  # e.g. as model.backbone.init_cfg.checkpoint
-        on = f' (it was trained on {recorded["checkpoint"]!r})' if recorded.get('checkpoint') \
-            else ''
         return [PretrainedMismatchError(
-            f'{what} holds adapters and no pre-trained weights: it is an adapter checkpoint '
-            '(a fine-tuned model), not a pre-trained base. Give it to the whole model: as '
-            "the checkpoint to test (tools/test.py CONFIG CHECKPOINT), load_from, or the "
-            "checkpoint of init_detector / get_model, with the base it was trained on as "
-            f'model.backbone.init_cfg.checkpoint{on}.')]
+            f'{what} holds adapters and no pre-trained weights: an adapter checkpoint, not a '
+            'pre-trained base. Give it to the whole model (the checkpoint of tools/test.py, '
+            'load_from, init_detector / get_model) with the base it was trained on as '
+            f"model.backbone.init_cfg.checkpoint (recorded: {recorded.get('checkpoint')!r}).")]
     if ours is None:
         configured, _ = backbone.configured_base()
         why = (f'model.backbone.init_cfg names {configured!r}, which was not loaded '
@@ -391,9 +382,8 @@ def _base_problems(backbone, record, what, alone) -> List[PretrainedMismatchErro
 def _adapter_problems(backbone, incoming, own, record, record_key, what,
                       alone) -> List[PretrainedMismatchError]:
     """A fine-tuned checkpoint: all of the model's adapters and none it lacks,
-    the base they were trained on (adapter-only; ``alone``: the backbone loaded
-    on its own, as its base), and last a missing record (``record_key``: None
-    where there is one)."""
+    the base they were trained on (adapter-only; ``alone``: as the base), and
+    last a missing record (``record_key``: None where there is one)."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
     given = sorted(k for k in incoming if is_adapter_key(k))
     lacking = [k for k in adapters if k not in incoming]
@@ -449,25 +439,21 @@ def _around_problems(outside, around, record, what) -> List[AdapterRecordMismatc
 
 
 def _without_adapters(backbone, incoming, outside, what) -> List[PretrainedMismatchError]:
-    """A whole model's checkpoint without the backbone's adapters: another
-    model's where it holds tensors around the backbone (a linear probe, a full
-    fine-tuning of the plain backbone), else the pre-trained base alone."""
+    """A whole model's checkpoint without the adapters: another model's where it
+    holds tensors around the backbone, else the pre-trained base alone."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
-    if not adapters:
-        return []
-    if outside:
+    if adapters and outside:
         return [AdapterRecordMismatchError(
             f'{what} holds {len(incoming)} backbone tensors and {len(outside)} around it '
             f'({few(sorted(outside), 3)}) but none of the {len(adapters)} adapter tensors of '
-            f'this model (e.g. {few(adapters, 2)}): the checkpoint of another model, such as '
-            'a linear probe or a full fine-tuning of the plain backbone. The adapters would '
-            'keep their initial values (wrong results, no error); test it with the config it '
-            'was trained with.')]
+            'this model: the checkpoint of another model, such as a linear probe or a full '
+            'fine-tuning of the plain backbone. The adapters would keep their initial values; '
+            'test it with the config it was trained with.')]
     return [BaseOnlyCheckpoint(
         f'{what} holds only pre-trained weights ({len(incoming)} backbone tensors): the '
         f"{len(adapters)} adapter tensors and the model's tensors around the backbone (heads, "
         'neck) keep their initial values. Right for load_from before training; to test or '
-        'predict, give the fine-tuned checkpoint.')]
+        'predict, give the fine-tuned checkpoint.')] if adapters else []
 
 
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
