@@ -41,9 +41,8 @@ from benchmarks.timing import sync  # noqa: E402
 from moppa_mm import AdapterBank  # noqa: E402
 from moppa_mm.apis.adapter_bank import build_model  # noqa: E402
 from moppa_mm.datasets import VTAB_TASKS  # noqa: E402
-from moppa_mm.models import full_state_dict, read_adapter_record  # noqa: E402
-from moppa_mm.models.backbones.adapter_state import (encode_record, is_adapter_key,  # noqa: E402
-                                                     trained_digest)
+from moppa_mm.models import full_state_dict  # noqa: E402
+from moppa_mm.models.backbones.adapter_state import is_adapter_key, redigest  # noqa: E402
 
 CONFIG = 'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-{}.py'
 DEFAULT_OUT = osp.join(ROOT, 'docs', 'benchmarks.md')
@@ -89,9 +88,7 @@ def save_tasks(cfg: Config, folder: str, tasks) -> dict:
             elif value.is_floating_point():
                 value = value + 0.01 * torch.randn(value.shape, generator=generator)
             state[key] = value
-        record = read_adapter_record(state)  # its digest: of these tensors
-        record['digest'] = trained_digest(state, 'backbone.', record)
-        state['backbone._extra_state'] = encode_record(record)
+        redigest(state, 'backbone.')  # its digest: of these tensors
         paths[task] = osp.join(folder, f'{task}.pth')
         torch.save({'state_dict': state}, paths[task])
     return paths

@@ -486,7 +486,8 @@ def check_config(cfg, mode: str = 'train') -> None:
         if (where, path, prefix) in bases:
             _check_base_is_no_adapter_checkpoint(where, path, checkpoint)
         if prefix:  # a release not converted to the prefixed keys
-            check_converted(path, checkpoint, prefix, where)
+            check_converted(path, checkpoint, prefix, where, backbone=cfg.get('model', {}).get(
+                'backbone', {}).get('type') if where.startswith('model.backbone.') else None)
         else:
             _check_adapter_checkpoint_fits(cfg, where, path, checkpoint)
     _check_moved_options(cfg)

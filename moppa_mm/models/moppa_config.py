@@ -39,7 +39,8 @@ class MoPPAConfig:
     heat_param: str = 'raw'
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, 'experts', tuple(self.experts))
+        if isinstance(self.experts, (list, tuple)):  # a string stays one, and is refused
+            object.__setattr__(self, 'experts', tuple(self.experts))
         check_unit_options(eta=self.eta, resize_mode=self.resize_mode,
                            experts=self.experts, init_mode=self.init_mode,
                            heat_param=self.heat_param)

@@ -118,10 +118,12 @@ def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
             raise InputValueError(f'unknown {name} {value!r}, expected one of {allowed}')
     if not isinstance(eta, (int, float)) or isinstance(eta, bool) or not eta > 0:
         raise InputValueError(f'eta must be a number > 0 (the DC term has w = 0), got {eta!r}')
-    if isinstance(experts, str) or not experts or len(set(experts)) != len(experts) \
-            or any(e not in EXPERTS for e in experts):
-        raise InputValueError(f'experts must be a sequence of distinct names from {EXPERTS}, '
-                              f'got {experts!r}')
+    if not isinstance(experts, (list, tuple)) or not experts \
+            or any(e not in EXPERTS for e in experts) or len(set(experts)) != len(experts):
+        got = f'the string {experts!r} (a list: [{experts!r}])' if isinstance(experts, str) \
+            else repr(experts)
+        raise InputValueError(f'experts must be a list of distinct names from {EXPERTS}, '
+                              f'got {got}')
 
 
 class MoPPAUnit(nn.Module):

@@ -334,12 +334,14 @@ def convert_command(source: str, path: str) -> str:
 
 
 def check_converted(path: str, checkpoint: Any, prefix: str,
-                    key: str = 'model.backbone.init_cfg.checkpoint') -> None:
+                    key: str = 'model.backbone.init_cfg.checkpoint',
+                    backbone: Optional[str] = None) -> None:
     """Raise :class:`SourceFormatError` if ``checkpoint`` (loaded from
     ``path``, given as the config's ``key``) holds no key under ``prefix``,
     which mmengine's ``Pretrained`` init with that prefix requires (its own
     error names neither file nor format): say what the file looks like and
-    the converter command."""
+    the converter command, or, where the config's ``backbone`` type is of the
+    other family (a Swin release for a ViT), that it is no base for it."""
     state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
     prefix = prefix if prefix.endswith('.') else prefix + '.'
     if any(isinstance(k, str) and k.startswith(prefix) for k in state):
@@ -347,6 +349,13 @@ def check_converted(path: str, checkpoint: Any, prefix: str,
     found = identify(checkpoint)
     example = sorted(map(str, _tensors_of(checkpoint)))[:3]
     head = f'pre-trained checkpoint {key} = {path!r} has no {prefix!r} keys (e.g. {example})'
+    release = 'Swin' if found == 'swin' else 'ViT'
+    if found not in (None, 'converted') and any(word in (backbone or '') for word in (
+            'Swin', 'VisionTransformer')) and ('Swin' in backbone) != (release == 'Swin'):
+        raise SourceFormatError(
+            f'{head}: it is {LOOKS_LIKE[found]}, a {release} release, and this config '
+            f'builds a {backbone}: give it a pre-trained '
+            f'{"ViT" if release == "Swin" else "Swin"} (README, "Pre-trained checkpoints").')
     if found not in (None, 'converted'):
         raise SourceFormatError(
             f'{head}: it is {LOOKS_LIKE[found]}, not converted to mmpretrain\'s keys. '

@@ -19,6 +19,7 @@ from mmengine.runner.checkpoint import load_checkpoint
 from moppa_mm.models import MoPPAConfig, full_state_dict, read_adapter_record
 from moppa_mm.models.backbones.adapter_state import (MAX_RECORD_BYTES, AdapterRecordMismatchError,
                                                      PretrainedMismatchError, encode_record)
+from moppa_mm.utils.errors import InputValueError
 from tests.conftest import DEMO_CONFIG, logged_messages
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
@@ -275,14 +276,63 @@ def test_the_model_hooks_are_named_and_leave_with_the_backbone():
 
 
 def test_bad_options_are_named():
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['heat'\]"):
+    with pytest.raises(InputValueError, match=r"unknown option\(s\) \['heat'\]"):
         build(classifier_cfg(moppa_cfg=dict(heat='raw')))
-    with pytest.raises(ValueError, match="unknown heat_param 'softplu'"):
+    with pytest.raises(InputValueError, match="unknown heat_param 'softplu'"):
         build(classifier_cfg(moppa_cfg=dict(heat_param='softplu')))
-    with pytest.raises(ValueError, match='route_loss_weight must be a number >= 0'):
-        build(classifier_cfg(route_loss_weight=-1))
-    with pytest.raises(ValueError, match="unknown route_schedule 'epochs'"):
-        build(classifier_cfg(route_schedule='epochs'))
+    # --cfg-options model.backbone.moppa_cfg.experts=heat gives a string
+    with pytest.raises(InputValueError, match=r"experts must be a list of distinct names "
+                       r"from \('heat', 'wave', 'poisson'\), got the string 'heat' \(a list: "
+                       r"\['heat'\]\)"):
+        build(classifier_cfg(moppa_cfg=dict(experts='heat')))
+
+
+SWIN = dict(type='MoPPASwinTransformer', embed_dims=16, depths=[2], num_heads=[2],
+            out_indices=(0, ), random_base=True)
+TRUE_OR_FALSE = 'True or False'
+# (backbone, argument, a bad value, what the message says the value must be)
+BAD_ARGUMENTS = [
+    ('vit', 'moppa_heads', 0, "a positive int, or None for the attention's heads"),
+    ('vit', 'moppa_heads', -2, "a positive int, or None for the attention's heads"),
+    ('vit', 'moppa_heads', '4', "a positive int, or None for the attention's heads"),
+    ('vit', 'use_moppa', 'no', TRUE_OR_FALSE),
+    ('vit', 'use_scale_shift', 0, TRUE_OR_FALSE),
+    ('vit', 'freeze_pretrained', None, TRUE_OR_FALSE),
+    ('vit', 'strict_adapter_record', 'False', TRUE_OR_FALSE),
+    ('vit', 'route_loss_weight', 'abc', r'a number >= 0 \(0: no route loss\)'),
+    ('vit', 'route_loss_weight', -1, r'a number >= 0 \(0: no route loss\)'),
+    ('vit', 'route_loss_weight', float('nan'), r'a number >= 0 \(0: no route loss\)'),
+    ('vit', 'route_schedule', 'weekly', r"one of \('auto', 'epoch', 'iter'\)"),
+    ('swin', 'moppa_scope', 'foo', r"one of \('window', 'global'\)"),
+    ('swin', 'adapter_ratio', 0, 'a number > 0'),
+    ('swin', 'adapter_ratio', 'wide', 'a number > 0'),
+    ('swin', 'use_conv_adapter', 'yes', TRUE_OR_FALSE),
+    ('swin', 'merged', 1, TRUE_OR_FALSE),
+]
+
+
+@pytest.mark.parametrize('backbone, argument, value, allowed', BAD_ARGUMENTS)
+def test_a_bad_backbone_argument_is_named_with_what_it_must_be(
+        backbone, argument, value, allowed):
+    """Once: moppa_heads=0 silently meant the attention's heads, use_moppa='no'
+    meant True, the others were plain ValueErrors (tracebacks in our tools)."""
+    cfg = classifier_cfg()['backbone'] if backbone == 'vit' else SWIN
+    with pytest.raises(InputValueError, match=rf'^MoPPA\w+: model.backbone.{argument} = '
+                       rf'{re.escape(repr(value))}: it must be {allowed}$'):
+        build(dict(cfg, **{argument: value}), scope='mmdet' if backbone == 'swin' else
+              'mmpretrain')
+
+
+@pytest.mark.parametrize('backbone, argument, value', [
+    ('vit', 'moppa_scope', 'window'), ('vit', 'adapter_ratio', 8),
+    ('vit', 'use_conv_adapter', True), ('swin', 'moppa_heads', 2)])
+def test_an_argument_of_the_other_backbone_is_named(backbone, argument, value):
+    """Once: the base class's TypeError (unexpected keyword argument)."""
+    cfg = dict(classifier_cfg()['backbone'], random_base=True) if backbone == 'vit' else SWIN
+    with pytest.raises(InputValueError, match=rf'model.backbone.{argument} is an argument of '
+                       'another MoPPA backbone, not of this one: remove it'):
+        build(dict(cfg, **{argument: value}), scope='mmdet' if backbone == 'swin' else
+              'mmpretrain')
 
 
 @pytest.fixture(scope='module')

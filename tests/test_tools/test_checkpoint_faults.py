@@ -4,8 +4,10 @@ weights), trained tensors changed since the save (the record's digest, under
 every tool), an adapter record that cannot be read, a release not converted
 for the config, a missing ``--resume`` file.
 Run on the classification demo (generated VTAB-1K task, MAE-format ViT)."""
+import contextlib
 import glob
 import importlib.util
+import os
 import os.path as osp
 import re
 
@@ -18,7 +20,8 @@ from demo.vtab_task import prepare_cls_demo
 from model_converters.vit_to_mmpretrain import convert, save_backbone
 from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
-from moppa_mm.models.backbones.adapter_state import AdapterRecordMismatchError, encode_record
+from moppa_mm.models.backbones.adapter_state import (AdapterRecordMismatchError,
+                                                     PretrainedMismatchError, encode_record)
 from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
 from tests.conftest import REPO, child_env
 
@@ -54,7 +57,35 @@ def demo(tmp_path_factory):
     state = model.state_dict()  # as every tool saves it: adapter-only, with the digest
     state['head.layers.head.weight'].view(-1)[:4] += 0.25  # a disk or copy error
     torch.save({'state_dict': state, 'meta': {}}, root / 'damaged_adapter.pth')
+    (root / 'linear_demo.py').write_text(LINEAR_DEMO)
+    with chdir(root):  # the configs' paths are relative
+        adapters = build_model(load_config(CONFIG)).state_dict()  # on the demo's base
+        # the shipped linear-probe baseline at the demo's size: base and head, no adapters
+        linear = build_model(load_config(str(root / 'linear_demo.py')))
+        linear.init_weights()
+    torch.save({'state_dict': adapters, 'meta': {}}, root / 'adapter.pth')
+    torch.save({'state_dict': linear.state_dict(), 'meta': {}}, root / 'linear_probe.pth')
     return dict(root=root, moppa_key=moppa_key)
+
+
+LINEAR = osp.join(REPO, 'configs/vtab1k/linear_vit-b-p16_in21k-augreg-pre_vtab1k-eurosat.py')
+LINEAR_DEMO = f"""_base_ = '{LINEAR}'
+model = dict(
+    backbone=dict(arch=dict(_delete_=True, embed_dims=32, num_layers=2, num_heads=4,
+                            feedforward_channels=64), frozen_stages=2,
+                  img_size=32, patch_size=8, init_cfg=dict(checkpoint='{PRETRAINED}')),
+    head=dict(in_channels=32))
+"""
+
+
+@contextlib.contextmanager
+def chdir(path):
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 @pytest.fixture
@@ -130,8 +161,8 @@ def test_backbone_refuses_nan_from_loaders_beside_our_tools(in_demo):
         load_checkpoint(model, 'nan_adapter.pth')  # what the Runner calls
 
 
-DAMAGED = (r"MoPPAVisionTransformer: the checkpoint is damaged: its trained tensors \(the "
-           r'adapters and the tensors around the backbone\) do not match the digest')
+DAMAGED = (r"MoPPAVisionTransformer: the checkpoint is damaged: its tensors \(the adapters, "
+           r'the tensors around the backbone and any base it carries\) do not match the digest')
 
 
 @pytest.mark.parametrize('how', ['test', 'load_from', 'resume'])
@@ -154,6 +185,64 @@ def test_mmpretrains_own_test_tool_refuses_damaged_trained_tensors(in_demo):
                             env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode != 0, result.stdout[-2000:]
     assert re.search(DAMAGED, result.stderr), result.stderr[-3000:]
+
+
+LINEAR_PROBE = (r'MoPPAVisionTransformer: the checkpoint holds \d+ backbone tensors and 2 '
+                r'around it \(head.layers.head.bias, head.layers.head.weight\) but none of the '
+                r'\d+ adapter tensors of this model .*: the checkpoint of another model, such as '
+                r'a linear probe or a full fine-tuning of the plain backbone')
+
+
+def test_a_linear_probe_checkpoint_stops_every_test_tool(in_demo):
+    """The shipped linear-probe baseline's checkpoint (base and head, no
+    adapters) tested with the MoPPA config: once top-1 30.0, exit 0 and no
+    warning under our and mmpretrain's tools/test.py, and a bare KeyError
+    in the adapter bank. Each stops, naming what it lacks and what it is."""
+    import subprocess
+    import sys
+
+    from moppa_mm import AdapterBank
+    with pytest.raises(AdapterRecordMismatchError,
+                       match=LINEAR_PROBE + '.*strict_adapter_record=False'):
+        run_tool('test', [CONFIG, 'linear_probe.pth', '--work-dir', 'work_linear'])
+    tool = osp.join(osp.dirname(__import__('mmpretrain').__file__), '.mim/tools/test.py')
+    result = subprocess.run([sys.executable, tool, CONFIG, 'linear_probe.pth',
+                             '--work-dir', 'work_linear_upstream'], cwd=in_demo['root'],
+                            env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0, result.stdout[-2000:]
+    assert re.search(LINEAR_PROBE, result.stderr), result.stderr[-3000:]
+    assert 'accuracy/top1' not in result.stdout
+    with pytest.raises(AdapterRecordMismatchError,
+                       match=r"AdapterBank: task 'linear' \(linear_probe.pth\) holds \d+ "
+                       r'backbone tensors .* but none of the \d+ adapter tensors'):
+        AdapterBank.from_config(CONFIG).add('linear', 'linear_probe.pth')
+
+
+def test_a_swin_release_given_to_the_vit_config_says_so(in_demo, shapes_data):
+    """Once the swin converter was suggested, whose output only met a second
+    stop: the file is a Swin release, and the config builds a ViT."""
+    swin = shapes_data['pretrained']  # an official-format Swin release
+    message = (rf"{INIT_CFG} = '{swin}' has no 'backbone.' keys .*: it is an official Swin "
+               r'release .*, a Swin release, and this config builds a MoPPAVisionTransformer: '
+               r'give it a pre-trained ViT')
+    with pytest.raises(SourceFormatError, match=message):  # our tools, before the Runner
+        run_tool('train', [CONFIG, '--cfg-options', f'{INIT_CFG}={swin}', '--work-dir', 'w'])
+    with pytest.raises(SourceFormatError, match=message):  # mmpretrain's: at the build
+        build_model(load_config(CONFIG, cfg_options={INIT_CFG: swin}))
+
+
+def test_an_adapter_checkpoint_given_as_the_base_says_so(in_demo):
+    """Once: "names 'adapter.pth', which was not loaded (missing when the model
+    was built?)" of a file that is there."""
+    message = (rf"{INIT_CFG} = 'adapter.pth': MoPPAVisionTransformer: the checkpoint holds "
+               r'adapters and no pre-trained weights: an adapter checkpoint, not a pre-trained '
+               r'base\. Give it to the whole model \(the checkpoint of tools/test.py, '
+               r'load_from, .*\) with the base it was trained on as '
+               r"model.backbone.init_cfg.checkpoint \(recorded: '.*vit_demo_mmpretrain.pth'\)"
+               r'\.$')
+    with pytest.raises(PretrainedMismatchError, match=message):
+        run_tool('train', [CONFIG, '--cfg-options', f'{INIT_CFG}=adapter.pth',
+                           '--work-dir', 'work'])
 
 
 def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in_demo):

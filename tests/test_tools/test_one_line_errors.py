@@ -173,17 +173,26 @@ def test_flipped_bytes_in_a_tensor_are_refused(shapes_data, tmp_path):
     cfg, path = flipped_adapter_checkpoint(shapes_data, tmp_path)
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)
-    with pytest.raises(CheckpointLoadError, match='the checkpoint is damaged: its trained '
-                       'tensors .* do not match the digest'):
+    with pytest.raises(CheckpointLoadError, match='the checkpoint is damaged: its tensors '
+                       '.* do not match the digest'):
         load_checkpoint(model, str(path), map_location='cpu')
     run = subprocess.run(
         [PYTHON, 'tools/model_converters/publish_model.py', str(path),
          str(tmp_path / 'moppa.pth')], cwd=REPO, env=child_env(), capture_output=True,
         text=True, timeout=300)
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr[-3000:]
-    assert (f"publish_model.py: checkpoint to publish '{path}' is damaged: its trained "
+    assert (f"publish_model.py: checkpoint to publish '{path}' is damaged: its "
             'tensors') in run.stderr, run.stderr[-3000:]
     assert not list(tmp_path.glob('moppa*'))
+
+
+def test_a_bad_backbone_argument_is_one_line(shapes_data, tmp_path):
+    """Once taken as True (a non-empty string): the one check of the backbones'
+    arguments names the key and what it must be."""
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    assert_one_line(run_train(cfg, tmp_path, '--cfg-options', 'model.backbone.use_moppa=no'),
+                    "MoPPASwinTransformer: model.backbone.use_moppa = 'no': it must be True "
+                    'or False')
 
 
 def test_unreachable_url_base_is_one_line(shapes_data, tmp_path):

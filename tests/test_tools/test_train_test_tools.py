@@ -230,7 +230,8 @@ def test_missing_checkpoint_and_unknown_option_fail_at_start(trained, tmp_path):
     cfg = Config.fromfile(trained['config'])
     cfg.model.backbone.moppa_scope = 'local'
     cfg.work_dir = str(tmp_path)
-    with pytest.raises(ValueError, match="unknown moppa_scope 'local'"):
+    with pytest.raises(ValueError, match=r"model.backbone.moppa_scope = 'local': it must be "
+                       r"one of \('window', 'global'\)"):
         Runner.from_cfg(cfg)
 
 

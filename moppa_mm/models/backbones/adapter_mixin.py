@@ -17,6 +17,7 @@ checkpoint contract (units' options: :class:`MoPPAConfig`; the route loss:
   checkpoint). It opens nothing and changes no module's structure.
 """
 import logging
+import math
 import os.path as osp
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -30,16 +31,38 @@ from moppa_mm.operators import MoPPAUnit, moppa_units
 from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
-from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
+from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable, short_repr
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import model_hooks
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
-                            AdapterRecordMismatchError, PretrainedMismatchError, _as_recorded,
-                            base_fingerprint, checkpoint_problems, decode_record, encode_record,
-                            frozen_base_keys, is_adapter_key, read_adapter_record)
+                            AdapterRecordMismatchError, BaseOnlyCheckpoint,
+                            PretrainedMismatchError, _as_recorded, base_fingerprint,
+                            checkpoint_problems, decode_record, encode_record, frozen_base_keys,
+                            is_adapter_key, read_adapter_record, redigest)
 from .optimizer_check import watch_first_step, waiting_check
-from .route_loss import RouteLossMixin
+from .route_loss import SCHEDULES, RouteLossMixin
+
+SCOPES = ('window', 'global')  # the Swin's unit scopes
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+# The backbones' own arguments (checked in _pop_adapter_args): name -> (what it must be, test)
+BACKBONE_ARGS = {
+    **{name: ('True or False', lambda v: isinstance(v, bool)) for name in (
+        'use_moppa', 'use_scale_shift', 'use_conv_adapter', 'freeze_pretrained',
+        'strict_adapter_record', 'merged', 'random_base')},
+    'moppa_heads': ("a positive int, or None for the attention's heads", lambda v: v is None
+                    or (isinstance(v, int) and not isinstance(v, bool) and v > 0)),
+    'route_loss_weight': ('a number >= 0 (0: no route loss)', lambda v: _number(v) and v >= 0),
+    'route_schedule': (f'one of {SCHEDULES}', lambda v: v in SCHEDULES),
+    'moppa_scope': (f'one of {SCOPES}', lambda v: v in SCOPES),
+    'adapter_ratio': ('a number > 0', lambda v: _number(v) and v > 0),
+}
 
 
 def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
@@ -99,13 +122,22 @@ class AdapterMixin(RouteLossMixin):
     params_not_in_base: Tuple[str, ...] = ()
     merged: bool = False  # adapters folded in for inference (merge_adapters)
 
-    @staticmethod
-    def _pop_adapter_args(moppa_cfg: Optional[Any], kwargs: dict) -> MoPPAConfig:
-        """The units' options, validated, and an attribute-style ``init_cfg``
-        for the base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
+    def _pop_adapter_args(self, kwargs: dict, own: Dict[str, Any]) -> MoPPAConfig:
+        """The one check of the backbone's arguments (``own``: its ``locals()``;
+        ``kwargs``: the base class's, where another backbone's is named), and
+        the units' options (returned); an attribute-style ``init_cfg`` for the
+        base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
+        name = type(self).__name__
+        for arg in sorted(BACKBONE_ARGS.keys() & kwargs.keys()):
+            raise InputValueError(f'{name}: model.backbone.{arg} is an argument of another '
+                                  'MoPPA backbone, not of this one: remove it')
+        for arg, value in own.items():
+            if arg in BACKBONE_ARGS and not BACKBONE_ARGS[arg][1](value):
+                raise InputValueError(f'{name}: model.backbone.{arg} = {short_repr(value)}: '
+                                      f'it must be {BACKBONE_ARGS[arg][0]}')
         if isinstance(kwargs.get('init_cfg'), dict):
             kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
-        return MoPPAConfig.build(moppa_cfg)
+        return MoPPAConfig.build(own['moppa_cfg'])
 
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,
@@ -205,7 +237,8 @@ class AdapterMixin(RouteLossMixin):
         except AssertionError as error:  # mmengine: "<prefix> is not in the ..."
             if 'is not in the pretrained model' in str(error) and prefix \
                     and osp.isfile(checkpoint):
-                check_converted(checkpoint, load_checkpoint_file(checkpoint, what), prefix)
+                check_converted(checkpoint, load_checkpoint_file(checkpoint, what), prefix,
+                                backbone=type(self).__name__)
             raise
         if self._base is not None:  # the load names no file: this is where it came from
             self._base.update(checkpoint=_as_recorded(checkpoint), prefix=prefix)
@@ -298,12 +331,13 @@ class AdapterMixin(RouteLossMixin):
         state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         for problem in checkpoint_problems(state, self, inside, around,
                                            f'{type(self).__name__}: the checkpoint'):
-            if not isinstance(problem, AdapterRecordMismatchError):
-                raise problem
-            if self.strict_adapter_record:
+            if isinstance(problem, AdapterRecordMismatchError) and self.strict_adapter_record:
                 raise type(problem)(f'{problem} To load it anyway, set '
                                     'model.backbone.strict_adapter_record=False.') from None
-            print_log(f'{problem} (strict_adapter_record=False: loading anyway)',
+            if not isinstance(problem, (AdapterRecordMismatchError, BaseOnlyCheckpoint)):
+                raise problem
+            print_log(f'{problem}' if isinstance(problem, BaseOnlyCheckpoint) else  # a base
+                      f'{problem} (strict_adapter_record=False: loading anyway)',
                       logger='current', level=logging.WARNING)
         incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
         record = decode_record(incoming.pop(RECORD_KEY, None))
@@ -473,6 +507,7 @@ def full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     for inside, backbone in _moppa_backbones(model):
         for key, value in backbone.state_dict().items():
             state.setdefault(inside + key, value)
+        redigest(state, inside)  # the digest covers the base it now carries
     return state
 
 
@@ -484,6 +519,7 @@ def adapter_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     for inside, backbone in _moppa_backbones(model):
         for key in frozen_base_keys(state, inside, backbone.params_not_in_base):
             del state[key]
+        redigest(state, inside)
     return state
 
 

@@ -4,16 +4,15 @@
   so that every state-dict value stays a tensor; :func:`read_adapter_record`):
   how the adapters were built and on which pre-trained base (its fingerprint);
   the model holding the backbone adds its class, its other tensors' shapes
-  (``heads``) and a ``digest`` of all it saves but the frozen base.
+  (``heads``) and a ``digest`` of all it saves.
 * **What an adapter-only checkpoint leaves out**: :func:`frozen_base_keys`.
 * **What a load is checked against**: :func:`checkpoint_problems`, pure, run by
   every load of the model, by :class:`~moppa_mm.apis.AdapterBank` and (its
   model-free part, :func:`stored_problems`) by ``publish_model.py``.
 
 Format ``moppa_mm.adapter/1``: fields are only added, as optional ones
-(``merged``, ``heads``; ``model`` and ``digest`` after 0.1.0), so a record
-without a digest loads, unchecked for damage; a change of a field's meaning
-would change the number. Earlier versions refuse records with newer fields.
+(``merged``, ``heads``; ``model``, ``digest`` after 0.1.0: without, no damage
+check); a change of meaning changes the number. Earlier versions refuse newer.
 """
 import hashlib
 import json
@@ -42,6 +41,13 @@ ADAPTER_GROUPS = (
 )
 ADAPTER_PATTERNS = tuple(p for _, patterns, _ in ADAPTER_GROUPS for p in patterns)
 
+# The backbone classes (as records hold them) as configs name them
+KNOWN_AS = {f'MoPPA{kind}Transformer{suffix}': f"{package}'s MoPPA{kind}Transformer"
+            for kind, suffix, package in (
+                ('Swin', '', 'MMDetection'), ('Swin', 'Cls', 'MMPretrain'),
+                ('Swin', 'Seg', 'MMSegmentation'), ('Vision', '', 'MMPretrain'),
+                ('Vision', 'Seg', 'MMSegmentation'))}
+
 # Unit options whose default the backbones changed: option -> (the retired
 # default, when it was retired). A checkpoint that records it was most likely
 # trained before the change, and its message says so.
@@ -53,6 +59,11 @@ RETIRED_DEFAULTS = {
 
 class PretrainedMismatchError(MoPPAInputError, RuntimeError):
     """A checkpoint does not fit the model it is loaded into."""
+
+
+class BaseOnlyCheckpoint(PretrainedMismatchError):
+    """A whole model loaded with its backbone's pre-trained weights alone: right
+    before training (``load_from``), so a load warns; the adapter bank refuses."""
 
 
 class AdapterRecordMismatchError(PretrainedMismatchError):
@@ -224,40 +235,38 @@ def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def recorded_not_in_base(record: Mapping[str, Any]) -> Tuple[str, ...]:
-    """The patterns of the backbone parameters that no pre-trained base has,
-    as recorded (``adapters.fresh_params``; the backbone's
-    ``params_not_in_base``)."""
-    patterns = (record.get('adapters') or {}).get('fresh_params')
-    return tuple(p for p in patterns if isinstance(p, str)) if isinstance(patterns, list) else ()
-
-
 def frozen_base_keys(keys: Sequence[str], inside: str,
                      not_in_base: Sequence[str] = ()) -> List[str]:
     """The keys of the frozen base of the backbone under ``inside``
     (``not_in_base``: patterns of its parameters no base has): what an
-    adapter-only checkpoint leaves out and its digest does not cover; the
-    rest (adapters, heads, neck) is what fine-tuning trains."""
+    adapter-only checkpoint leaves out; the rest (adapters, heads, neck) is
+    what fine-tuning trains."""
     not_in_base = tuple(not_in_base)
     return [k for k in keys if k.startswith(inside) and k != inside + RECORD_KEY
             and not is_adapter_key(k[len(inside):])
             and not matches(k[len(inside):], not_in_base)]
 
 
-def trained_digest(state: Mapping[str, Any], inside: str,
-                   record: Mapping[str, Any]) -> str:
-    """The digest a record carries: of every tensor of ``state`` but the record
-    and the frozen base (names, dtypes, shapes and a CRC-32 of the bytes of
-    each, in name order; a CRC runs at ~2 GB/s, blake2b at a quarter of that)."""
-    left_out = set(frozen_base_keys(state, inside, recorded_not_in_base(record)))
-    left_out.add(inside + RECORD_KEY)
+def trained_digest(state: Mapping[str, Any], inside: str) -> str:
+    """The digest a record carries: of every tensor of ``state`` but the record,
+    a base it carries too (names, dtypes, shapes and a CRC-32 of the bytes of
+    each, in name order; a CRC runs at ~4 GB/s, blake2b at a fifth of that)."""
     digest = hashlib.sha256()
     for name in sorted(k for k, v in state.items()
-                       if k not in left_out and isinstance(v, torch.Tensor)):
+                       if k != inside + RECORD_KEY and isinstance(v, torch.Tensor)):
         data = state[name].detach().to('cpu').contiguous().reshape(-1)
         crc = zlib.crc32(data.view(torch.uint8).numpy()) if data.numel() else 0
         digest.update(f'{name}|{data.dtype}|{tuple(state[name].shape)}|{crc};'.encode())
     return digest.hexdigest()[:32]
+
+
+def redigest(state: Dict[str, Any], inside: str) -> None:
+    """The digest of ``state`` as it is now into a record under ``inside`` that
+    has one (the base added or left out after the save)."""
+    record = decode_record(state.get(inside + RECORD_KEY))
+    if record and record.get('digest'):
+        state[inside + RECORD_KEY] = encode_record({**record,
+                                                    'digest': trained_digest(state, inside)})
 
 
 # ------------------------------------------------------- the one check
@@ -319,11 +328,17 @@ def _option_problems(backbone, record, what) -> List[AdapterRecordMismatchError]
         + "): its parameters mean something else under the model's.")] if differences else []
 
 
-def _base_problems(backbone, record, what) -> List[PretrainedMismatchError]:
+def _base_problems(backbone, record, what, alone) -> List[PretrainedMismatchError]:
     """An adapter-only checkpoint: the model's base (loaded when built) must be
     the one the adapters were trained on (the recorded fingerprint; no record:
-    that there is one)."""
+    that there is one); given as the base itself (``alone``), it is none."""
     recorded, ours = (record or {}).get('base') or {}, backbone.pretrained_base
+    if ours is None and alone:  # e.g. as model.backbone.init_cfg.checkpoint
+        return [PretrainedMismatchError(
+            f'{what} holds adapters and no pre-trained weights: an adapter checkpoint, not a '
+            'pre-trained base. Give it to the whole model (the checkpoint of tools/test.py, '
+            'load_from, init_detector / get_model) with the base it was trained on as '
+            f"model.backbone.init_cfg.checkpoint (recorded: {recorded.get('checkpoint')!r}).")]
     if ours is None:
         configured, _ = backbone.configured_base()
         why = (f'model.backbone.init_cfg names {configured!r}, which was not loaded '
@@ -364,11 +379,11 @@ def _base_problems(backbone, record, what) -> List[PretrainedMismatchError]:
         'the base they were trained on.')]
 
 
-def _adapter_problems(backbone, incoming, own, record, record_key,
-                      what) -> List[PretrainedMismatchError]:
+def _adapter_problems(backbone, incoming, own, record, record_key, what,
+                      alone) -> List[PretrainedMismatchError]:
     """A fine-tuned checkpoint: all of the model's adapters and none it lacks,
-    the base they were trained on (adapter-only), and last a missing record
-    (``record_key``: None where there is one)."""
+    the base they were trained on (adapter-only; ``alone``: as the base), and
+    last a missing record (``record_key``: None where there is one)."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
     given = sorted(k for k in incoming if is_adapter_key(k))
     lacking = [k for k in adapters if k not in incoming]
@@ -391,7 +406,7 @@ def _adapter_problems(backbone, incoming, own, record, record_key,
                                       "init_mode='identity'" if gate else '')
             + '; build the model with the options they were trained with.'))
     if not frozen_base_keys(incoming, '', backbone.params_not_in_base):
-        problems += _base_problems(backbone, record, what)
+        problems += _base_problems(backbone, record, what, alone)
     if record_key is not None:
         problems.append(AdapterRecordMismatchError(
             f'{what} has no adapter record (key {record_key!r}: saved before moppa_mm '
@@ -423,6 +438,24 @@ def _around_problems(outside, around, record, what) -> List[AdapterRecordMismatc
         f'{anew}.')] if misfits else []
 
 
+def _without_adapters(backbone, incoming, outside, what) -> List[PretrainedMismatchError]:
+    """A whole model's checkpoint without the adapters: another model's where it
+    holds tensors around the backbone, else the pre-trained base alone."""
+    adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
+    if adapters and outside:
+        return [AdapterRecordMismatchError(
+            f'{what} holds {len(incoming)} backbone tensors and {len(outside)} around it '
+            f'({few(sorted(outside), 3)}) but none of the {len(adapters)} adapter tensors of '
+            'this model: the checkpoint of another model, such as a linear probe or a full '
+            'fine-tuning of the plain backbone. The adapters would keep their initial values; '
+            'test it with the config it was trained with.')]
+    return [BaseOnlyCheckpoint(
+        f'{what} holds only pre-trained weights ({len(incoming)} backbone tensors): the '
+        f"{len(adapters)} adapter tensors and the model's tensors around the backbone (heads, "
+        'neck) keep their initial values. Right for load_from before training; to test or '
+        'predict, give the fine-tuned checkpoint.')] if adapters else []
+
+
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> Tuple[Optional[Dict[str, Any]], List[MoPPAInputError]]:
     """What a checkpoint says of itself (no model needed): its record under
@@ -436,12 +469,12 @@ def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bo
             f'{what}: its adapter record (key {inside + RECORD_KEY!r}) {problem}. Its '
             "options and base cannot be checked against the model's.")]
     if digest and (record or {}).get('digest') and \
-            trained_digest(state, inside, record) != record['digest']:
+            trained_digest(state, inside) != record['digest']:
         return record, [CheckpointLoadError(
-            f'{what} is damaged: its trained tensors (the adapters and the tensors around '
-            'the backbone) do not match the digest its adapter record took when it was '
-            'saved (a disk or copy error, or tensors changed after the save); copy or '
-            'download it again')]
+            f'{what} is damaged: its tensors (the adapters, the tensors around the '
+            'backbone and any base it carries) do not match the digest its adapter record '
+            'took when it was saved (a disk or copy error, or tensors changed after the '
+            'save); copy or download it again')]
     return record, []
 
 
@@ -463,9 +496,11 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
         The problems, as errors to raise, in the order checked: NaN or
         infinite values; the record (readable, the digest, the backbone type,
         merged or not, the options); the model around the backbone; shapes;
-        a pre-trained base's keys or the adapters (the base they were trained
-        on, then a missing record). :class:`AdapterRecordMismatchError` ones
-        are what ``strict_adapter_record=False`` loads with a warning.
+        a pre-trained base's keys (then, into the whole model, another model's
+        checkpoint or a :class:`BaseOnlyCheckpoint`, which a load only warns
+        of) or the adapters (the base they were trained on, then a missing
+        record). :class:`AdapterRecordMismatchError` ones are what
+        ``strict_adapter_record=False`` loads with a warning.
     """
     incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
     value = incoming.pop(RECORD_KEY, None)
@@ -480,8 +515,8 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
     name, merged = type(backbone).__name__, bool((record or {}).get('merged'))
     if record is not None and record['backbone'] != name:
         return problems + [PretrainedMismatchError(
-            f'{what} is a {record["backbone"]} checkpoint (its adapter record says so); '
-            f'this config builds a {name}')]
+            f'{what} is a checkpoint of {KNOWN_AS.get(record["backbone"], record["backbone"])}'
+            f' (its adapter record says so); this config builds {KNOWN_AS.get(name, name)}')]
     if merged != backbone.merged:
         problems.append(PretrainedMismatchError(
             f'{what} is not merged, and {name} is merged for inference: load it into a '
@@ -513,7 +548,8 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
             f'{few(lacking)}')] if lacking else []
     elif given_adapters:
         problems += _adapter_problems(backbone, incoming, own, record,
-                                      None if value is not None else inside + RECORD_KEY, what)
+                                      None if value is not None else inside + RECORD_KEY, what,
+                                      around is None)
     else:  # a pre-trained base: every base parameter
         may_lack = tuple(backbone.PRETRAINED_MAY_LACK) + tuple(backbone.params_not_in_base)
         required = [k for k, _ in backbone.named_parameters()
@@ -525,4 +561,6 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
             'random: is it a checkpoint of this backbone, with its keys (given '
             f'{len(incoming)} keys, e.g. {few(list(incoming), 3) or "none"})?'
             f'{_prefix_hint(list(incoming), lacking)}')] if lacking else []
+        if around is not None:  # into the whole model
+            problems += _without_adapters(backbone, incoming, outside, what)
     return problems

@@ -45,7 +45,7 @@ def save_adapter_state(backbone, name: str, model: nn.Module, state_dict, prefix
     base leaves where the backbone saves adapter-only
     (:attr:`~.adapter_mixin.AdapterMixin.saves_adapters_only`), and the record
     gets the model's class, its other tensors' shapes (``heads``) and the
-    digest of all that is saved but the frozen base."""
+    digest of all that is saved."""
     inside = f'{name}.'
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     record = decode_record(state.get(inside + RECORD_KEY))
@@ -57,7 +57,7 @@ def save_adapter_state(backbone, name: str, model: nn.Module, state_dict, prefix
     record.update(model=type(model).__name__,
                   heads={k: list(v.shape) for k, v in state.items()
                          if not k.startswith(inside) and isinstance(v, torch.Tensor)},
-                  digest=trained_digest(state, inside, record))
+                  digest=trained_digest(state, inside))
     state_dict[prefix + inside + RECORD_KEY] = encode_record(record)
 
 

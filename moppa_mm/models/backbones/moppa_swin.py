@@ -9,7 +9,8 @@ from mmdet.models.backbones import SwinTransformer
 from mmdet.models.backbones.swin import ShiftWindowMSA, SwinBlock, WindowMSA
 from mmdet.registry import MODELS
 
-from .swin_adapters import SCOPES, SwinConvAdapter, SwinMoPPAUnit, register_swin
+from .adapter_mixin import SCOPES
+from .swin_adapters import SwinConvAdapter, SwinMoPPAUnit, register_swin
 
 __all__ = ['MoPPASwinTransformer', 'SwinMoPPAUnit', 'SwinConvAdapter', 'SCOPES']
 

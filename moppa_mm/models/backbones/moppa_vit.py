@@ -115,7 +115,7 @@ class ViTAdapterMixin(AdapterMixin):
                  freeze_pretrained: bool = True, route_loss_weight: float = 1.0,
                  route_schedule: str = 'auto', strict_adapter_record: bool = True,
                  merged: bool = False, random_base: bool = False, **kwargs) -> None:
-        moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
+        moppa_config = self._pop_adapter_args(kwargs, locals())
         super().__init__(*args, **kwargs)
         self.moppa_config = moppa_config
         self.use_moppa = use_moppa

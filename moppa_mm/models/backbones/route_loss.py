@@ -43,13 +43,7 @@ class RouteLossMixin:
     """
 
     def _init_route_loss(self, route_loss_weight: float, route_schedule: str) -> None:
-        if isinstance(route_loss_weight, bool) or not isinstance(
-                route_loss_weight, (int, float)) or not route_loss_weight >= 0:
-            raise ValueError(f'route_loss_weight must be a number >= 0, got '
-                             f'{route_loss_weight!r}')
-        if route_schedule not in SCHEDULES:
-            raise ValueError(f'unknown route_schedule {route_schedule!r}, expected '
-                             f'one of {SCHEDULES}')
+        """Both checked with the backbone's other arguments (``BACKBONE_ARGS``)."""
         self.route_loss_weight = float(route_loss_weight)
         self.route_schedule = route_schedule
         self._route_progress: Optional[Tuple[float, float]] = None

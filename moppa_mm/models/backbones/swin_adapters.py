@@ -18,8 +18,6 @@ from ..layers.scale_shift import attach_scale_shift, refer_to, scale_shift_proje
 from .adapter_mixin import AdapterMixin
 from .class_swap import swap_class
 
-SCOPES = ('window', 'global')
-
 
 class SwinMoPPAUnit(MoPPAUnit):
     """A :class:`MoPPAUnit` on a Swin block's tokens: the attention windows
@@ -167,12 +165,7 @@ class SwinAdapterMixin(AdapterMixin):
                  route_loss_weight: float = 1.0, route_schedule: str = 'auto',
                  strict_adapter_record: bool = True, merged: bool = False,
                  random_base: bool = False, **kwargs) -> None:
-        if moppa_scope not in SCOPES:
-            raise ValueError(f'unknown moppa_scope {moppa_scope!r}, expected one '
-                             f'of {SCOPES}')
-        if adapter_ratio <= 0:
-            raise ValueError(f'adapter_ratio must be > 0, got {adapter_ratio}')
-        moppa_config = self._pop_adapter_args(moppa_cfg, kwargs)
+        moppa_config = self._pop_adapter_args(kwargs, locals())
         super().__init__(*args, **kwargs)
         self.moppa_scope = moppa_scope
         self.moppa_config = moppa_config

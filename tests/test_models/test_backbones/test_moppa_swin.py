@@ -217,9 +217,9 @@ def test_swin_b_budget_matches_paper():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="moppa_scope 'windows'"):
+    with pytest.raises(ValueError, match="model.backbone.moppa_scope = 'windows'"):
         MoPPASwinTransformer(**TINY, moppa_scope='windows')
-    with pytest.raises(ValueError, match='adapter_ratio'):
+    with pytest.raises(ValueError, match='model.backbone.adapter_ratio = 0'):
         MoPPASwinTransformer(**TINY, adapter_ratio=0)
     with pytest.raises(ValueError, match="unknown option.*'tau'"):
         MoPPASwinTransformer(**TINY, moppa_cfg=dict(tau=1.0))
