@@ -290,30 +290,6 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
             f'was trained with, or set model.backbone.type={backbone!r}.')
 
 
-def _check_base_is_no_adapter_checkpoint(where: str, path: str, checkpoint) -> None:
-    """A MoPPA adapter-only checkpoint (what training saves: the adapters and
-    the heads, without the frozen pre-trained weights) given as a pre-trained
-    base: the backbone would get adapters and no base, and the model's load
-    check can only say that the base is missing."""
-    from moppa_mm.models.backbones.adapter_state import (RECORD_KEY, decode_record,
-                                                         frozen_base_keys,
-                                                         recorded_not_in_base)
-    state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
-    for key, value in state.items():
-        record = decode_record(value) if key.endswith(RECORD_KEY) else None
-        inside = key[:-len(RECORD_KEY)]  # the backbone's prefix in the file
-        if record is None or frozen_base_keys(state, inside, recorded_not_in_base(record)):
-            continue
-        trained_on = (record.get('base') or {}).get('checkpoint')
-        base = f' ({trained_on!r}, as its record says)' if trained_on else ''
-        raise InputValueError(
-            f'the checkpoint {where} = {path!r} is a MoPPA adapter-only checkpoint (the '
-            f'adapters and heads of a trained {record["backbone"]}, without the frozen '
-            'pre-trained weights), not a pre-trained base. Set it to the base the adapters '
-            f'were trained on{base}, and give this file to the tool instead: --resume or '
-            'load_from to go on training it, tools/test.py CONFIG CHECKPOINT to test it.')
-
-
 def _check_moved_options(cfg) -> None:
     """Options that moved into the model: a config that still sets them would
     train without them, silently."""
@@ -470,7 +446,6 @@ def check_config(cfg, mode: str = 'train') -> None:
         _check_work_dir(cfg.work_dir)
     from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
-    bases = list(checkpoints)  # the pre-trained bases (init_cfg), not load_from
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
     elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir'):
@@ -483,8 +458,6 @@ def check_config(cfg, mode: str = 'train') -> None:
             continue
         # missing, empty, truncated, unsafe, or NaN / infinite values
         checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
-        if (where, path, prefix) in bases:
-            _check_base_is_no_adapter_checkpoint(where, path, checkpoint)
         if prefix:  # a release not converted to the prefixed keys
             check_converted(path, checkpoint, prefix, where, backbone=cfg.get('model', {}).get(
                 'backbone', {}).get('type') if where.startswith('model.backbone.') else None)

@@ -281,7 +281,7 @@ def test_an_adapter_checkpoint_given_as_the_base_is_one_line(cls_demo, tmp_path,
                                                              monkeypatch):
     """The classification demo's adapter-only checkpoint (as training saves it)
     given as the pre-trained base: named as what it is, with the base its
-    record names (the model's load check said the base was not loaded)."""
+    record names, by the model's own load check (any tool)."""
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
@@ -292,9 +292,8 @@ def test_an_adapter_checkpoint_given_as_the_base_is_one_line(cls_demo, tmp_path,
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, adapters)
     run = run_tool('train.py', CLS_DEMO, '--work-dir', tmp_path / 'work', '--cfg-options',
                    f'model.backbone.init_cfg.checkpoint={adapters}', cwd=cls_demo)
-    assert_one_line(run, f"the checkpoint model.backbone.init_cfg.checkpoint = '{adapters}' "
-                    'is a MoPPA adapter-only checkpoint (the adapters and heads of a '
-                    'trained MoPPAVisionTransformer, without the frozen pre-trained '
-                    'weights), not a pre-trained base. Set it to the base the adapters were '
-                    f"trained on ('{cls_demo}/data/vtab_demo/vit_demo_mmpretrain.pth', as its "
-                    'record says)')
+    assert_one_line(run, f"pre-trained checkpoint model.backbone.init_cfg.checkpoint = "
+                    f"'{adapters}': "
+                    'MoPPAVisionTransformer: the checkpoint holds adapters and no '
+                    'pre-trained weights: an adapter checkpoint, not a pre-trained base.')
+    assert f"(recorded: '{cls_demo}/data/vtab_demo/vit_demo_mmpretrain.pth')" in run.stderr
