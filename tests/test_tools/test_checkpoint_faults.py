@@ -245,6 +245,27 @@ def test_an_adapter_checkpoint_given_as_the_base_says_so(in_demo):
                            '--work-dir', 'work'])
 
 
+def test_a_detector_checkpoint_given_as_the_swin_base_says_what_it_is(in_demo, shapes_data):
+    """mmdet's Swin init strips 'backbone.' and the demo's ``convert_weights``
+    adds one back: the keys come one level down. Once "none of this model's
+    104 adapters: another model or config?" of the model's own checkpoint."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+
+    from tests.conftest import tiny_detection_cfg
+    cfg = tiny_detection_cfg(shapes_data, str(in_demo['root'] / 'det'))
+    init_default_scope('mmdet')
+    torch.save({'state_dict': MODELS.build(cfg.model).state_dict(), 'meta': {}}, 'det.pth')
+    for path, message in (('det.pth', r"holds adapters and no pre-trained weights: an adapter "
+                                      r"checkpoint, not a pre-trained base\..*\(recorded: "),
+                          ('adapter.pth', r"is a checkpoint of MMPretrain's MoPPAVisionTransformer"
+                                          r" \(its adapter record says so\); this config builds "
+                                          r"MMDetection's MoPPASwinTransformer$")):
+        cfg.model.backbone.init_cfg.checkpoint = path
+        with pytest.raises(PretrainedMismatchError, match=message):
+            MODELS.build(cfg.model)
+
+
 def test_test_tool_stops_on_a_record_of_another_format_and_the_override_tests(in_demo):
     """A user's ``tools/test.py`` on an adapter checkpoint whose record is of
     another format version (once: loaded unchecked, exit 0): it stops naming

@@ -512,11 +512,20 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
         return [error]
     # the digest covers the model around the backbone: a backbone alone has none
     record, problems = stored_problems(state, inside, what, digest=around is not None)
+    # a whole model's checkpoint given to the backbone alone: its record is one level down
+    whole = next((k[:-len(RECORD_KEY)] for k in incoming if k.endswith('.' + RECORD_KEY)
+                  and around is None and record is None), None)
+    found = decode_record(incoming[whole + RECORD_KEY]) if whole else record
     name, merged = type(backbone).__name__, bool((record or {}).get('merged'))
-    if record is not None and record['backbone'] != name:
+    if found is not None and found['backbone'] != name:
         return problems + [PretrainedMismatchError(
-            f'{what} is a checkpoint of {KNOWN_AS.get(record["backbone"], record["backbone"])}'
+            f'{what} is a checkpoint of {KNOWN_AS.get(found["backbone"], found["backbone"])}'
             f' (its adapter record says so); this config builds {KNOWN_AS.get(name, name)}')]
+    if found is not None and whole:
+        return problems + (_base_problems(backbone, found, what, True) if backbone.pretrained_base
+                           is None else [PretrainedMismatchError(
+                               f"{what} is a whole model's (the backbone's keys under "
+                               f'{whole!r}): load it into the model that holds the backbone')])
     if merged != backbone.merged:
         problems.append(PretrainedMismatchError(
             f'{what} is not merged, and {name} is merged for inference: load it into a '
