@@ -24,12 +24,19 @@ STAMP="$VENV/.moppa_mm_install_stamp"
 # its venv still points at the original), and step 5's .pth points at this checkout.
 SITE_LINK=("$VENV/bin/python" "$ROOT/tools/site_link.py")
 OPS_FIX=("$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py")
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(stamp_inputs)" ]] \
-    && "${SITE_LINK[@]}" --check >/dev/null 2>&1 \
-    && "${OPS_FIX[@]}" --check >/dev/null 2>&1; then
+if [[ ! -f "$STAMP" ]]; then
+  why="no install of this script's there yet"
+elif [[ "$(cat "$STAMP")" != "$(stamp_inputs)" ]]; then
+  why="constraints.txt, setup.py or this script changed since its install"
+elif ! why="$("${SITE_LINK[@]}" --check 2>&1 >/dev/null)"; then
+  why="${why:-moppa_mm is not installed}"
+elif ! "${OPS_FIX[@]}" --check >/dev/null 2>&1; then
+  why="its torchvision ops fix was written from another checkout"
+else
   echo "[install] $VENV is up to date"
   exit 0
 fi
+echo "[install] installing into $VENV ($why)"
 
 start=$(date +%s)
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"

@@ -107,8 +107,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.check:  # a copied checkout with its venv still points at the original
         this_checkout = osp.dirname(osp.dirname(osp.abspath(__file__)))
-        same = osp.realpath(checkout) == osp.realpath(this_checkout)
-        return 0 if same and is_linked(dist, checkout) else 1
+        if osp.realpath(checkout) != osp.realpath(this_checkout):
+            print(f'{PACKAGE} in {sys.prefix} is an editable install of {checkout}, not of '
+                  f'{this_checkout}', file=sys.stderr)
+            return 1
+        if not is_linked(dist, checkout):
+            print(f'{PACKAGE} in {sys.prefix} lacks its site link', file=sys.stderr)
+            return 1
+        return 0
     print(f'linked {link_site_package(dist, checkout)} -> {checkout}/{PACKAGE}')
     return 0
 
