@@ -174,15 +174,20 @@ def test_our_tools_refuse_damaged_trained_tensors(in_demo, how):
         run_tool(args[0], args[1] + ['--work-dir', f'work_{how}'])
 
 
-def test_mmpretrains_own_test_tool_refuses_damaged_trained_tensors(in_demo):
-    """Once: exit 0, top-1 41.7 instead of 33.3. The model's own check stops
-    mmpretrain's tools/test.py too."""
+def mmpretrain_test(demo, checkpoint: str, work_dir: str):
+    """mmpretrain's own tools/test.py on the demo config, in a process of its own."""
     import subprocess
     import sys
     tool = osp.join(osp.dirname(__import__('mmpretrain').__file__), '.mim/tools/test.py')
-    result = subprocess.run([sys.executable, tool, CONFIG, 'damaged_adapter.pth',
-                             '--work-dir', 'work_upstream'], cwd=in_demo['root'],
-                            env=child_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, tool, CONFIG, checkpoint, '--work-dir', work_dir],
+                          cwd=demo['root'], env=child_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_mmpretrains_own_test_tool_refuses_damaged_trained_tensors(in_demo):
+    """Once: exit 0, top-1 41.7 instead of 33.3. The model's own check stops
+    mmpretrain's tools/test.py too."""
+    result = mmpretrain_test(in_demo, 'damaged_adapter.pth', 'work_upstream')
     assert result.returncode != 0, result.stdout[-2000:]
     assert re.search(DAMAGED, result.stderr), result.stderr[-3000:]
 
@@ -198,17 +203,11 @@ def test_a_linear_probe_checkpoint_stops_every_test_tool(in_demo):
     adapters) tested with the MoPPA config: once top-1 30.0, exit 0 and no
     warning under our and mmpretrain's tools/test.py, and a bare KeyError
     in the adapter bank. Each stops, naming what it lacks and what it is."""
-    import subprocess
-    import sys
-
     from moppa_mm import AdapterBank
     with pytest.raises(AdapterRecordMismatchError,
                        match=LINEAR_PROBE + '.*strict_adapter_record=False'):
         run_tool('test', [CONFIG, 'linear_probe.pth', '--work-dir', 'work_linear'])
-    tool = osp.join(osp.dirname(__import__('mmpretrain').__file__), '.mim/tools/test.py')
-    result = subprocess.run([sys.executable, tool, CONFIG, 'linear_probe.pth',
-                             '--work-dir', 'work_linear_upstream'], cwd=in_demo['root'],
-                            env=child_env(), capture_output=True, text=True, timeout=600)
+    result = mmpretrain_test(in_demo, 'linear_probe.pth', 'work_linear_upstream')
     assert result.returncode != 0, result.stdout[-2000:]
     assert re.search(LINEAR_PROBE, result.stderr), result.stderr[-3000:]
     assert 'accuracy/top1' not in result.stdout
