@@ -8,7 +8,7 @@ import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-from moppa_mm.models.backbones.adapter_mixin import adapter_components
+from moppa_mm.models.backbones.adapter_params import adapter_components
 from moppa_mm.utils.params import parameter_table
 from tests.conftest import REPO
 

@@ -25,8 +25,8 @@ from mmengine.runner import Runner, load_checkpoint
 from demo.coco_shapes import prepare_demo
 from demo.vtab_task import make_vtab_task
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError, is_adapter_key
-from moppa_mm.models.backbones.optimizer_check import waiting_check
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.training_checks import NoPretrainedBaseError, waiting_check
 from tests.conftest import logged_messages
 
 USER_LINES = """_base_ = {base!r}

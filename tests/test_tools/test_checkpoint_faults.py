@@ -19,9 +19,9 @@ from mmengine.runner import load_checkpoint
 from demo.vtab_task import prepare_cls_demo
 from model_converters.vit_to_mmpretrain import convert, save_backbone
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
-from moppa_mm.models.backbones.adapter_state import (AdapterRecordMismatchError,
-                                                     PretrainedMismatchError, encode_record)
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.adapter_record import encode_record
+from moppa_mm.models.backbones.load_check import AdapterRecordMismatchError, PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
 from tests.conftest import REPO, child_env
 

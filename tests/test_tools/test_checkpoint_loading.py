@@ -14,7 +14,7 @@ from mmengine.runner import Runner, load_checkpoint
 from preflight import check_config  # tools/
 
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
+from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
 from tests.test_tools.test_checkpoint_faults import load_tool

@@ -18,12 +18,18 @@ from moppa_mm.operators import moppa_units, route_loss_weight, route_regularizat
 SCHEDULES = ('auto', 'epoch', 'iter')
 
 
-def _hub_progress(by: str) -> Optional[Tuple[int, int]]:
-    """``(T, T_total)`` from the current message hub, or None outside a run."""
-    if not MessageHub._instance_dict:  # no runner made one: plain PyTorch
-        return None
+def running_hub() -> Optional[MessageHub]:
+    """The message hub of a runner whose train loop is running (mmengine's
+    ``RuntimeInfoHook`` sets ``loop_stage``), None otherwise: plain PyTorch
+    gets mmengine's default hub, which no loop runs in."""
     hub = MessageHub.get_current_instance()
-    if hub.get_info('loop_stage') != 'train':  # set while a runner trains
+    return hub if hub.get_info('loop_stage') == 'train' else None
+
+
+def _hub_progress(by: str) -> Optional[Tuple[int, int]]:
+    """``(T, T_total)`` from the running train loop's message hub, or None."""
+    hub = running_hub()
+    if hub is None:
         return None
     max_epochs, max_iters = hub.get_info('max_epochs'), hub.get_info('max_iters')
     if by == 'epoch' or (by == 'auto' and (max_epochs or 0) > 1):

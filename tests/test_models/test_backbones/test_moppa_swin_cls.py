@@ -11,7 +11,8 @@ from mmpretrain.registry import MODELS
 from moppa_mm.datasets import VTAB_TASKS
 from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
-from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError, is_adapter_key
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from model_converters.vit_to_mmpretrain import convert, save_backbone, swin_to_mmpretrain
 from moppa_mm.models import full_state_dict
 

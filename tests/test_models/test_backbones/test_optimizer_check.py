@@ -7,8 +7,8 @@ import gc
 import torch
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
-from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
-from moppa_mm.models.backbones.optimizer_check import waiting_check
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.training_checks import waiting_check
 from tests.conftest import logged_messages
 from .test_explicit_modules import vit
 
