@@ -83,25 +83,24 @@ class TrainableParamsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 raise AdapterLrError(message)
 
     def _cause_and_fix(self, prefix: str, names: List[str], keys: List[str]) -> tuple:
-        """What sets the adapters' lr (the keys that cover them) and the line
-        that restores it, verified against mmengine's choice of key."""
+        """What sets the adapters' lr (the keys that cover them) and the config
+        line that restores it, verified against mmengine's choice of key."""
         custom_keys: Dict[str, dict] = self.paramwise_cfg.get('custom_keys', {})
         if not keys:  # another rule (bias_lr_mult, ...): the general words
             return None, None
         cause = 'paramwise_cfg ' + ', '.join(
             f'custom_keys[{k!r}] = {dict(custom_keys[k])!r}' for k in keys
-        ) + ' covers them (the frozen base is left out of the optimizer)'
+        ) + (' covers them (the frozen base is left out of the optimizer); a longer key '
+             'restores their lr (mmengine applies the longest key that matches)')
         restore = f'{prefix}.' if prefix else None
         plain = ('lr_mult', 'decay_mult')
         if restore and restore not in custom_keys and all(
                 self._key_of(n, restore) == restore or
                 all(custom_keys[self._key_of(n, restore)].get(m, 1.0) == 1.0 for m in plain)
                 for n in names):
-            fix = ('a longer key (mmengine applies the longest key that matches): '
-                   'optim_wrapper = dict(paramwise_cfg=dict('
-                   f"custom_keys={{{restore!r}: dict(lr_mult=1.0, decay_mult=1.0)}}))")
+            line = ('optim_wrapper = dict(paramwise_cfg=dict('
+                    f"custom_keys={{{restore!r}: dict(lr_mult=1.0, decay_mult=1.0)}}))")
         else:
-            fix = (f'give the adapters a key longer than {max(keys, key=len)!r} with '
-                   'lr_mult=1.0, decay_mult=1.0 (mmengine applies the longest key '
-                   'that matches), or drop the key')
-        return cause, fix
+            line = (f'a key longer than {max(keys, key=len)!r} that covers the adapters, '
+                    'with lr_mult=1.0, decay_mult=1.0 (or drop the key)')
+        return cause, line

@@ -188,11 +188,12 @@ def _values(values: List[float]) -> str:
 
 def adapter_lr_message(backbone: nn.Module, optimizer: Optimizer,
                        held: List[Tuple[str, Dict]], cause: Optional[str] = None,
-                       fix: Optional[str] = None) -> Optional[str]:
+                       line: Optional[str] = None) -> Optional[str]:
     """What stops a run whose adapters in ``held`` (:func:`adapter_groups`)
     train at another lr than the optimizer's (or all at another weight
-    decay); None where they do not. ``cause`` and ``fix`` replace the general
-    ones (a constructor that knows the ``paramwise_cfg`` names the key)."""
+    decay); None where they do not. ``cause`` and ``line`` (the config line
+    to add) replace the general ones (a constructor that knows the
+    ``paramwise_cfg`` names the key)."""
     base_lr = optimizer.defaults.get('lr')
     base_wd = optimizer.defaults.get('weight_decay', 0.0)
     if not isinstance(base_lr, (int, float)):
@@ -219,13 +220,12 @@ def adapter_lr_message(backbone: nn.Module, optimizer: Optimizer,
         'pre-trained layers, scales them' if layer_wise else
         "the config's paramwise_cfg sets it, e.g. custom_keys={'backbone': dict(lr_mult="
         '0.1)}, written for a backbone that trains whole: with the base frozen (and left '
-        'out of the optimizer) the key covers only the adapters')
-    fix = fix or (
-        'optim_wrapper = dict(paramwise_cfg=dict(layer_decay_rate=1.0)) trains every layer '
-        'at the lr' if layer_wise else
-        'a longer key (mmengine applies the longest key that matches): optim_wrapper = '
-        f"dict(paramwise_cfg=dict(custom_keys={{'{where}.': dict(lr_mult=1.0, "
-        'decay_mult=1.0)}))')
-    return (f'{type(backbone).__name__}: ' + '; '.join(found) + f'. Why: {cause}. '
-            f'Stopped before the first step; to train them at the optimizer\'s lr, add '
-            f'to the config: {fix}.')
+        'out of the optimizer) the key covers only the adapters, and a longer key '
+        'restores their lr (mmengine applies the longest key that matches)')
+    line = line or (
+        'optim_wrapper = dict(paramwise_cfg=dict(layer_decay_rate=1.0))' if layer_wise else
+        f"optim_wrapper = dict(paramwise_cfg=dict(custom_keys={{'{where}.': dict("
+        'lr_mult=1.0, decay_mult=1.0)}))')
+    return (f'{type(backbone).__name__}: ' + '; '.join(found) + f'. Why: {cause}. Stopped '
+            "before the first step; to train them at the optimizer's lr, add to the "
+            f'config: {line}.')
