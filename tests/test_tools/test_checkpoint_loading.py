@@ -162,7 +162,7 @@ def test_adapter_only_checkpoint_takes_the_base_built_from_the_config(trained):
     cfg.model.backbone.init_cfg = None
     recorded = read_adapter_record(torch.load(trained['ckpt'], weights_only=True))
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)adapter-only.*no pre-trained base.*init_detector clears it.*"
+                       match=r"(?s)adapter-only.*no pre-trained base.*init_detector drops it.*"
                        rf"trained on '{recorded['base']['checkpoint']}'.*does not open it.*"
                        r'cfg_options=\{\}.*--merge-base'):
         load_checkpoint(build_detector(cfg), trained['ckpt'])

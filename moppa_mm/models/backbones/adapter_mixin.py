@@ -1,20 +1,11 @@
 """What the MoPPA backbones share: :class:`AdapterMixin`, their build and merge.
 
-A backbone class's ``__init__`` runs :meth:`AdapterMixin._pop_adapter_args`,
-the base class's ``__init__``, adds its adapters, then
-:meth:`AdapterMixin._finish_build` and :meth:`AdapterMixin._build_base`. Every
-other concern has its module, one hop from here:
-
-* the route loss: :mod:`.route_loss` (:class:`RouteLossMixin`, the mixin's base);
-* which parameters are adapters, and their table: :mod:`.adapter_params`;
-* the adapter record every checkpoint carries: :mod:`.adapter_record`
-  (:meth:`AdapterMixin.get_extra_state`);
-* the hooks on the model that holds the backbone (``loss_route``, the
-  adapter-only save, the load check): :mod:`.model_hooks`, attached by
-  torch's module-registration hook :func:`_hook_the_model`;
-* the one check of every load: :mod:`.load_check`;
-* the checks as training starts (a random base, the adapters' lr):
-  :mod:`.training_checks`.
+Each other concern is a module one hop away: the route loss (:mod:`.route_loss`,
+the mixin's base), which parameters are adapters (:mod:`.adapter_params`), the
+record every checkpoint carries (:mod:`.adapter_record`), the hooks on the model
+that holds the backbone (:mod:`.model_hooks`, put there through torch's
+module-registration hook :func:`_hook_the_model`), the one load check
+(:mod:`.load_check`), the checks as training starts (:mod:`.training_checks`).
 """
 import logging
 import math
@@ -35,8 +26,7 @@ from moppa_mm.utils.params import frozen_norms, set_trainable, short_repr
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import load_check, model_hooks, training_checks
-from .adapter_params import (ADAPTER_PATTERNS, frozen_base_keys, parameter_breakdown,
-                             parameter_report)
+from .adapter_params import ADAPTER_PATTERNS, frozen_base_keys, parameter_report
 from .adapter_record import _as_recorded, adapter_record, encode_record, redigest
 from .route_loss import SCHEDULES, RouteLossMixin
 
@@ -63,14 +53,11 @@ BACKBONE_ARGS = {
 
 
 class AdapterMixin(RouteLossMixin):
-    """Mixed into a backbone subclass (before the base class): its build
-    and merge.
-
-    A subclass calls :meth:`_pop_adapter_args` before the base ``__init__``,
-    adds its adapters after it, then :meth:`_finish_build` and
-    :meth:`_build_base`; it provides ``arch_record()`` and
-    ``adapter_options()`` (what its record holds: :mod:`.adapter_record`) and
-    sets the class attributes below.
+    """Mixed into a backbone subclass (before the base class): its build and
+    merge. A subclass calls :meth:`_pop_adapter_args` before the base
+    ``__init__``, adds its adapters after it, then :meth:`_finish_build` and
+    :meth:`_build_base`; it provides ``arch_record()`` and ``adapter_options()``
+    (:mod:`.adapter_record`) and sets the class attributes below.
     ``params_not_in_base`` (patterns, set before :meth:`_finish_build`) are
     base-class parameters no pre-trained base has (mmpretrain ViT's ``ln2``
     under ``out_type='avg_featmap'``): they train and are saved with the
@@ -125,17 +112,14 @@ class AdapterMixin(RouteLossMixin):
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,
                       random_base: bool = False) -> None:
-        """Call after the adapters are added (then :meth:`_build_base`):
-        freezing, the checks as training starts, the route loss, the load
-        check of the backbone alone (after the base classes' own load
-        pre-hooks: mmpretrain's ViT resizes ``pos_embed`` in one), and the
-        hook that lets it hook the model it is assigned to."""
+        """After the adapters are added: freezing, the checks as training starts,
+        the route loss, the load check (after the base classes' load pre-hooks:
+        mmpretrain's ViT resizes ``pos_embed`` in one), the hook on the model."""
         self.freeze_pretrained = freeze_pretrained
         self.random_base = random_base
         self.strict_adapter_record = strict_adapter_record
-        # the pre-trained base in the model: {'checkpoint', 'prefix',
-        # 'fingerprint'}; None while the base is as built (random). Set by
-        # _load_base and by every load (load_check.load_checked)
+        # the base in the model: {'checkpoint', 'prefix', 'fingerprint'}, None while
+        # random; set by _load_base and by every load (load_check.load_checked)
         self._base: Optional[Dict[str, Optional[str]]] = None
         if freeze_pretrained:
             set_trainable(self, trainable=ADAPTER_PATTERNS + tuple(self.params_not_in_base))
@@ -231,20 +215,16 @@ class AdapterMixin(RouteLossMixin):
             self._base.update(checkpoint=_as_recorded(checkpoint), prefix=prefix)
 
     def get_extra_state(self) -> torch.Tensor:
-        """The adapter record (:func:`~.adapter_record.adapter_record`), the
-        backbone's ``_extra_state`` in every state dict."""
+        """The adapter record, ``_extra_state`` in every state dict."""
         return encode_record(adapter_record(self))
 
     def set_extra_state(self, state: Any) -> None:
-        """The record was checked before any tensor was copied
-        (:func:`~.load_check.load_checked`); nothing to restore from it."""
+        """Nothing to restore: the load check read the record."""
 
     @property
     def saves_adapters_only(self) -> bool:
-        """Whether the model holding the backbone saves it adapter-only
-        (:func:`~.model_hooks.save_adapter_state`): a frozen base the config
-        names (``freeze_pretrained=True``, a ``Pretrained`` ``init_cfg``),
-        unmerged."""
+        """Whether the model saves the backbone adapter-only: a frozen base
+        the config names (a ``Pretrained`` ``init_cfg``), unmerged."""
         return self.freeze_pretrained and not self.merged and \
             self.configured_base()[0] is not None
 
@@ -319,33 +299,27 @@ class AdapterMixin(RouteLossMixin):
             ('first_step_check', training_checks.waiting_check(self))) if value]
         return '\n'.join(line for line in lines if line)
 
-    def parameter_breakdown(self) -> Dict[str, Dict[str, int]]:
-        """:func:`~.adapter_params.parameter_breakdown`."""
-        return parameter_breakdown(self)
-
     def parameter_report(self) -> str:
         """:func:`~.adapter_params.parameter_report`, logged when the base comes."""
         return parameter_report(self)
 
 
-_MODELS_HOOK: List[RemovableHandle] = []  # torch's module-registration hook, once
+_MODELS_HOOK: List[RemovableHandle] = []
 
 
 def _hook_models_once() -> None:
-    """Register :func:`_hook_the_model` with torch, once per process, when
-    the first backbone is built: a global hook, as the assignment of a child
-    is the one moment a module and the model holding it meet (docs/design.md,
-    "Process-wide effects")."""
+    """Register :func:`_hook_the_model` with torch when the first backbone is
+    built: global, as the assignment of a child is the one moment a module
+    meets the model that holds it (docs/design.md, process-wide effects)."""
     if not _MODELS_HOOK:
         _MODELS_HOOK.append(register_module_module_registration_hook(_hook_the_model))
 
 
 def _hook_the_model(model: nn.Module, name: str, child: Optional[nn.Module]) -> None:
     """torch's module-registration hook (every ``model.<name> = child``): a
-    MoPPA backbone hooks the model that holds it (:func:`.model_hooks.attach`);
-    another module in its place unhooks it."""
-    replaced = model._modules.get(name)  # as torch's __setattr__ reads it (a getattr
-    # could run a property of the model's class; named_children walks every child)
+    MoPPA backbone hooks the model (:func:`.model_hooks.attach`); another
+    module in its place unhooks it."""
+    replaced = model._modules.get(name)  # as torch reads it: a getattr could run a property
     if isinstance(child, AdapterMixin) or isinstance(replaced, AdapterMixin):
         model_hooks.attach(model, name, child if isinstance(child, AdapterMixin) else None,
                            replaced if isinstance(replaced, AdapterMixin) else None)
@@ -358,9 +332,8 @@ def _moppa_backbones(model: nn.Module):
 
 
 def merge_adapters(model: nn.Module) -> nn.Module:
-    """Fold the adapters of every MoPPA backbone in ``model`` into its weights
-    (:meth:`AdapterMixin.merge_adapters`; outputs equal the unmerged model's
-    up to float rounding), in place; returns ``model`` in eval mode::
+    """Fold the adapters of every MoPPA backbone of ``model`` into its weights
+    (:meth:`AdapterMixin.merge_adapters`), in place; ``model`` in eval mode::
 
         model = init_model(config, adapter_checkpoint)  # any loader
         torch.save({'state_dict': merge_adapters(model).state_dict()}, 'merged.pth')

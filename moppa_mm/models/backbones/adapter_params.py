@@ -1,8 +1,6 @@
-"""Which parameters of a MoPPA backbone are adapters and which are its frozen
-pre-trained base: the one predicate (:data:`ADAPTER_GROUPS`), used by the
-backbones, the checkpoints, the hooks, the tools and the tests; what an
-adapter-only checkpoint leaves out (:func:`frozen_base_keys`); and the table
-of their counts that every build logs (:func:`parameter_report`)."""
+"""Which parameters of a MoPPA backbone are adapters, which its frozen base:
+the one predicate (:data:`ADAPTER_GROUPS`), what an adapter-only checkpoint
+leaves out (:func:`frozen_base_keys`), the table every build logs."""
 from typing import Dict, List, Sequence, Tuple
 
 import torch.nn as nn
@@ -53,8 +51,7 @@ def frozen_base_keys(keys: Sequence[str], inside: str,
 
 
 def _groups(backbone: nn.Module) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
-    """``(kind, patterns, label)`` of the table's rows: the adapters, the
-    parameters no base has, the base (named random while it is as built)."""
+    """``(kind, patterns, label)``: adapters, parameters no base has, the base."""
     not_in_base = ((('not_in_base', tuple(backbone.params_not_in_base),
                      'new, no base has them'), ) if backbone.params_not_in_base else ())
     base = backbone.PRETRAINED_LABEL
@@ -65,8 +62,7 @@ def _groups(backbone: nn.Module) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]
 
 
 def parameter_breakdown(backbone: nn.Module) -> Dict[str, Dict[str, int]]:
-    """``{kind: {'total': n, 'trainable': n}}`` for each adapter kind of
-    :data:`ADAPTER_GROUPS`, ``'pretrained'`` and ``'total'``."""
+    """``{kind: {'total': n, 'trainable': n}}``, kinds as in :data:`ADAPTER_GROUPS`."""
     _, counts = parameter_table(backbone, [(k, p) for k, p, _ in _groups(backbone)])
     return counts
 

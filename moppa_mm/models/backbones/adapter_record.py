@@ -1,12 +1,9 @@
-"""The adapter record: what a MoPPA checkpoint says of itself.
-
-Key ``<backbone>._extra_state`` (UTF-8 JSON in a uint8 tensor, so that every
-state-dict value stays a tensor). The backbone writes how its adapters were
-built and on which pre-trained base (:func:`adapter_record`, a fingerprint of
-the base's tensors); the model that holds it adds its class, its other
-tensors' shapes and a digest of every tensor it saves (:func:`trained_digest`,
-written by :func:`.model_hooks.save_adapter_state`). :func:`read_record` reads
-one back, bounded and typed; what a load does with it is :mod:`.load_check`.
+"""The adapter record: what a MoPPA checkpoint says of itself, under the key
+``<backbone>._extra_state`` (UTF-8 JSON in a uint8 tensor: every state-dict
+value stays a tensor). The backbone writes how its adapters were built and on
+which base (:func:`adapter_record`); the model that holds it adds its class, its
+other tensors' shapes and the digest of all it saves
+(:func:`.model_hooks.save_adapter_state`). What a load does with it: :mod:`.load_check`.
 """
 import hashlib
 import json
@@ -27,10 +24,8 @@ RECORD_FORMAT = 'moppa_mm.adapter/1'
 # or a recursion through them, would be as large or as deep).
 MAX_RECORD_BYTES = 1 << 20
 MAX_RECORD_DEPTH = 16
-# The fields of every record and the types they hold: those the backbone
-# writes, then those the model holding it adds. ``base`` is null for a base as
-# built (random). ``arch``, ``adapters`` and ``moppa_cfg`` are the options a
-# load compares with the model's.
+# The fields and their types: the backbone's, then the model's. ``base`` is null
+# for a base as built (random); the OPTIONS are compared with the model's.
 _NULL = type(None)
 BACKBONE_FIELDS = {'format': (str, ), 'backbone': (str, ), 'arch': (dict, ),
                    'adapters': (dict, ), 'moppa_cfg': (dict, _NULL), 'base': (dict, _NULL),
@@ -83,10 +78,8 @@ def _wrong_type(fields: Dict[str, Any], types: Dict[str, Tuple[type, ...]],
 
 
 def read_record(value: Any) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
-    """``(record, None)`` for a readable record of this format (decoded from
-    its state-dict value), else ``(None, what is wrong)``. Sizes and nesting
-    are bounded and every field's type is checked, so what reads the record
-    afterwards meets no surprise."""
+    """``(record, None)`` for a readable record of this format, else ``(None, what
+    is wrong)``: sizes and nesting bounded, every field's type checked."""
     if not isinstance(value, torch.Tensor):
         return None, f'is a {type(value).__name__}, not a uint8 tensor of UTF-8 JSON'
     if value.dtype != torch.uint8 or value.dim() != 1:
@@ -114,9 +107,8 @@ def read_record(value: Any) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
                       'checkpoint of another moppa_mm version, or not a MoPPA record)')
     lacking = [field for field in BACKBONE_FIELDS if field not in record]
     if lacking:
-        return None, (f'lacks the field(s) {lacking} that this version writes (saved by '
-                      'an earlier one, or edited): save the checkpoint again with this '
-                      'version')
+        return None, (f'lacks the field(s) {lacking} that this version writes (saved by an '
+                      'earlier one, or edited): save the checkpoint again with this version')
     problem = _wrong_type(record, {**BACKBONE_FIELDS, **MODEL_FIELDS})
     if problem is None and record['base'] is not None:
         if 'fingerprint' not in record['base']:
@@ -126,8 +118,7 @@ def read_record(value: Any) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
 
 
 def decode_record(value: Any) -> Optional[Dict[str, Any]]:
-    """The record from its state-dict value; None for none, or one that
-    cannot be read (:func:`read_record` says why)."""
+    """The record from its state-dict value; None for none or an unreadable one."""
     return read_record(value)[0] if value is not None else None
 
 
@@ -149,38 +140,29 @@ def _as_recorded(source: Optional[str]) -> Optional[str]:
     return None if not source else source if '://' in source else osp.abspath(source)
 
 
-def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
-    """A hash of named tensors (names, dtypes, shapes and bytes, in name
-    order): the identity of a pre-trained base."""
-    digest = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        tensor = tensors[name].detach()
-        digest.update(f'{name}|{tensor.dtype}|{tuple(tensor.shape)};'.encode())
-        data = tensor.to('cpu').contiguous().reshape(-1)
-        if data.numel():
-            digest.update(data.view(torch.uint8).numpy())
-    return digest.hexdigest()
+def tensors_digest(tensors: Mapping[str, Any]) -> str:
+    """A hash of the named tensors among ``tensors``: names, dtypes, shapes and
+    a CRC-32 of the bytes of each, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(k for k, v in tensors.items() if isinstance(v, torch.Tensor)):
+        data = tensors[name].detach().to('cpu').contiguous().reshape(-1)
+        crc = zlib.crc32(data.view(torch.uint8).numpy()) if data.numel() else 0
+        digest.update(f'{name}|{data.dtype}|{tuple(tensors[name].shape)}|{crc};'.encode())
+    return digest.hexdigest()[:32]
 
 
 def base_fingerprint(backbone: nn.Module, incoming: Mapping[str, torch.Tensor]) -> str:
-    """The fingerprint of the base tensors a state dict gives ``backbone``
-    (those it resizes on load, ``FINGERPRINT_SKIPS``, left out)."""
+    """The identity of the base a state dict gives ``backbone`` (the tensors it
+    resizes on load, ``FINGERPRINT_SKIPS``, left out)."""
     skips = tuple(backbone.FINGERPRINT_SKIPS) + tuple(backbone.params_not_in_base)
-    return fingerprint({k: v for k, v in incoming.items() if isinstance(v, torch.Tensor)
-                        and not is_adapter_key(k) and not matches(k, skips)})
+    return tensors_digest({k: v for k, v in incoming.items()
+                           if not is_adapter_key(k) and not matches(k, skips)})
 
 
 def trained_digest(state: Mapping[str, Any], inside: str) -> str:
-    """The digest a record carries: of every tensor of ``state`` but the record,
-    a base it carries too (names, dtypes, shapes and a CRC-32 of the bytes of
-    each, in name order; a CRC is several times faster than a blake2b)."""
-    digest = hashlib.sha256()
-    for name in sorted(k for k, v in state.items()
-                       if k != inside + RECORD_KEY and isinstance(v, torch.Tensor)):
-        data = state[name].detach().to('cpu').contiguous().reshape(-1)
-        crc = zlib.crc32(data.view(torch.uint8).numpy()) if data.numel() else 0
-        digest.update(f'{name}|{data.dtype}|{tuple(state[name].shape)}|{crc};'.encode())
-    return digest.hexdigest()[:32]
+    """The digest a model's record carries: of every tensor it saves but the
+    record (a base it carries too)."""
+    return tensors_digest({k: v for k, v in state.items() if k != inside + RECORD_KEY})
 
 
 def redigest(state: Dict[str, Any], inside: str) -> None:

@@ -1,13 +1,8 @@
-"""The one check every load into a MoPPA model runs, and what the load gets.
-
-:func:`checkpoint_problems` is pure: it takes what comes in and the model and
-returns the problems, each built from :data:`PROBLEMS`, the table of what a
-load can meet and what it says. :func:`load_checked` (the model's load
-pre-hook, :func:`.model_hooks.check_load`; the backbone's own,
-:func:`check_load_alone`, for the backbone loaded alone) raises them, or
-warns of those ``strict_adapter_record=False`` allows, then gives the load
-what it lacks of the model. The adapter bank runs :func:`checkpoint_problems`
-too, ``publish_model.py`` its model-free part, :func:`stored_problems`.
+"""The one check every load into a MoPPA model runs: :func:`checkpoint_problems`
+(pure: what comes in and the model -> the problems, each from the table
+:data:`PROBLEMS`), raised or warned of by :func:`load_checked`, which then gives
+the load what it lacks. The adapter bank runs the check too, ``publish_model.py``
+its model-free part (:func:`stored_problems`).
 """
 import json
 import logging
@@ -31,14 +26,12 @@ class PretrainedMismatchError(MoPPAInputError, RuntimeError):
 
 
 class BaseOnlyCheckpoint(PretrainedMismatchError):
-    """A whole model loaded with its backbone's pre-trained weights alone: right
-    before training (``load_from``), so a load warns; the adapter bank refuses."""
+    """The base alone into a whole model: right for ``load_from``, so a load
+    only warns; the adapter bank refuses."""
 
 
 class AdapterRecordMismatchError(PretrainedMismatchError):
-    """A checkpoint does not fit in a way ``strict_adapter_record=False``
-    loads anyway, with a warning: its record disagrees with the model, cannot
-    be read or is absent, or the model around the backbone differs."""
+    """What ``strict_adapter_record=False`` loads anyway, with a warning."""
 
 
 # The backbone classes (as records hold them) as configs name them
@@ -49,122 +42,105 @@ KNOWN_AS = {f'MoPPA{kind}Transformer{suffix}': f"{package}'s MoPPA{kind}Transfor
                 ('Vision', 'Seg', 'MMSegmentation'))}
 
 _WRONG = 'adapters on another base give wrong outputs'
-_ANEW = ('(to start a new task from its adapters, load it anyway: the heads then '
-         'start anew)')
-# Every problem a load can meet: code -> (what it raises, what it says). The
-# fields: ``what`` names the checkpoint; the others come from the check.
+_ANEW = '(to start a new task from its adapters, load it anyway: the heads then start anew)'
+# Every problem a load can meet: code -> (what it raises, what it says). ``what``
+# names the checkpoint; the other fields come from the check that finds it.
 PROBLEMS = {
     # what the checkpoint says of itself
-    'unreadable_record': (AdapterRecordMismatchError, (
-        "{what}: its adapter record (key {key!r}) {problem}. Its options and base cannot "
-        "be checked against the model's.")),
-    'no_digest': (CheckpointLoadError, (
-        "{what}: its adapter record (key {key!r}) has no digest of the tensors saved with "
-        "it, which every model's checkpoint carries: the file was edited after the save "
-        '(the digest removed or emptied). Take the original file, or save it again from '
-        'the model that trained it')),
-    'damaged': (CheckpointLoadError, (
-        '{what} is damaged: its tensors (the adapters, the tensors around the backbone and '
-        'any base it carries) do not match the digest its adapter record took when it was '
-        'saved (a disk or copy error, or tensors changed after the save); copy or '
-        'download it again')),
+    'unreadable_record': (AdapterRecordMismatchError, "{what}: its adapter record (key {key!r}) "
+                          "{problem}. Its options and base cannot be checked against the model's."),
+    'no_digest': (CheckpointLoadError, "{what}: its adapter record (key {key!r}) has no digest of "
+                  "the tensors saved with it, which every model's checkpoint carries: the file "
+                  'was edited after the save (the digest removed or emptied). Take the original '
+                  'file, or save it again from the model that trained it'),
+    'damaged': (CheckpointLoadError, '{what} is damaged: its tensors (the adapters, the tensors '
+                'around the backbone and any base it carries) do not match the digest its adapter '
+                'record took when it was saved (a disk or copy error, or tensors changed after '
+                'the save); copy or download it again'),
     # the backbone it is of
-    'other_backbone': (PretrainedMismatchError, (
-        '{what} is a checkpoint of {theirs} (its adapter record says so); this config '
-        'builds {ours}')),
-    'whole_model': (PretrainedMismatchError, (
-        "{what} is a whole model's (the backbone's keys under {whole!r}): load it into "
-        'the model that holds the backbone')),
-    'merged_into_unmerged': (PretrainedMismatchError, (
-        '{what} is merged (its adapters are folded into the weights: publish_model.py '
-        '--merge), and this model is not. Build the model merged: '
-        'model.backbone.merged=True in the config (in a tool: --cfg-options '
-        'model.backbone.merged=True), or call moppa_mm.merge_adapters(model) before the '
-        'load.')),
-    'unmerged_into_merged': (PretrainedMismatchError, (
-        '{what} is not merged, and {ours} is merged for inference: load it into a model '
-        'built from the config without model.backbone.merged, then merge '
-        '(moppa_mm.merge_adapters)')),
-    'options': (AdapterRecordMismatchError, (
-        '{what} was built with other options than this model; {count} differ:\n  '
-        "{differences}\nSet the checkpoint's values in model.backbone (moppa_cfg.<option> "
-        "for the unit's options{command}): its parameters mean something else under the "
-        "model's.")),
+    'other_backbone': (PretrainedMismatchError, '{what} is a checkpoint of {theirs} (its adapter '
+                       'record says so); this config builds {ours}'),
+    'whole_model': (PretrainedMismatchError, "{what} is a whole model's (the backbone's keys under "
+                    '{whole!r}): load it into the model that holds the backbone'),
+    'merged_into_unmerged': (PretrainedMismatchError, '{what} is merged (its adapters are folded '
+                             'into the weights: publish_model.py --merge), and this model is not. '
+                             'Build the model merged: model.backbone.merged=True in the config (in '
+                             'a tool: --cfg-options model.backbone.merged=True), or call '
+                             'moppa_mm.merge_adapters(model) before the load.'),
+    'unmerged_into_merged': (PretrainedMismatchError, '{what} is not merged, and {ours} is merged '
+                             'for inference: load it into a model built from the config without '
+                             'model.backbone.merged, then merge (moppa_mm.merge_adapters)'),
+    'options': (AdapterRecordMismatchError, '{what} was built with other options than this model; '
+                "{count} differ:\n  {differences}\nSet the checkpoint's values in model.backbone "
+                "(moppa_cfg.<option> for the unit's options{command}): its parameters mean "
+                "something else under the model's."),
     # the model around the backbone
-    'other_model': (AdapterRecordMismatchError, (
-        '{what} is of another model{saved}: it holds {extra_count} tensors around the '
-        'backbone that this model does not have ({extra}) and lacks {lacking_count} that '
-        'it trains ({lacking}). Its heads would stay random; use the config it was '
-        'trained with ' + _ANEW + '.')),
-    'other_heads': (AdapterRecordMismatchError, (
-        '{what} does not fit the model around its backbone; {count} tensors differ: '
-        '{misfits}. A checkpoint of another task (another number of classes)? Its heads '
-        'would stay random; build the model from its config ' + _ANEW + '.')),
+    'other_model': (AdapterRecordMismatchError, '{what} is of another model{saved}: it holds '
+                    '{extra_count} tensors around the backbone that this model does not have '
+                    '({extra}) and lacks {lacking_count} that it trains ({lacking}). Its heads '
+                    'would stay random; use the config it was trained with ' + _ANEW + '.'),
+    'other_heads': (AdapterRecordMismatchError, '{what} does not fit the model around its '
+                    'backbone; {count} tensors differ: {misfits}. A checkpoint of another task '
+                    '(another number of classes)? Its heads would stay random; build the model '
+                    'from its config ' + _ANEW + '.'),
     # the tensors
-    'misfits': (PretrainedMismatchError, (
-        '{what}: {count} tensors do not fit the model (a checkpoint of another '
-        'architecture, scope or window size?): {misfits}')),
-    'merged_lacks': (PretrainedMismatchError, (
-        "{what} is merged but lacks {count} of the model's tensors: {lacking}")),
-    'none_of_the_adapters': (PretrainedMismatchError, (
-        "{what} holds adapter tensors, but none of this model's {count}: a checkpoint of "
-        'another model or config? (it has e.g. {given}; the model expects e.g. '
-        '{expected})')),
-    'lacks_adapters': (PretrainedMismatchError, (
-        "{what} holds adapters but lacks {lacking_count} of the model's {count} adapter "
-        'parameters: {lacking}')),
-    'other_adapters': (AdapterRecordMismatchError, (
-        '{what} holds {count} adapter tensors this model does not have: {foreign}. The '
-        'adapters were built with other options (unit experts, init_mode, switches)'
-        '{gate}; build the model with the options they were trained with.')),
-    'partial_base': (PretrainedMismatchError, (
-        '{what} restores {restored} of the {count} frozen base parameters; missing: '
-        '{lacking}. The frozen backbone would stay random: is it a checkpoint of this '
-        'backbone, with its keys (given {given_count} keys, e.g. {given})?{hint}')),
-    'no_adapters': (AdapterRecordMismatchError, (
-        '{what} holds {count} backbone tensors and {outside_count} around it ({outside}) '
-        'but none of the {adapters} adapter tensors of this model: the checkpoint of '
-        'another model, such as a linear probe or a full fine-tuning of the plain '
-        'backbone. The adapters would keep their initial values; test it with the '
-        'config it was trained with.')),
-    'base_only': (BaseOnlyCheckpoint, (
-        '{what} holds only pre-trained weights ({count} backbone tensors): the {adapters} '
-        "adapter tensors and the model's tensors around the backbone (heads, neck) keep "
-        'their initial values. Right for load_from before training; to test or predict, '
-        'give the fine-tuned checkpoint.')),
+    'misfits': (PretrainedMismatchError, '{what}: {count} tensors do not fit the model (a '
+                'checkpoint of another architecture, scope or window size?): {misfits}'),
+    'merged_lacks': (PretrainedMismatchError, "{what} is merged but lacks {count} of the model's "
+                     'tensors: {lacking}'),
+    'none_of_the_adapters': (PretrainedMismatchError, '{what} holds adapter tensors, but none of '
+                             "this model's {count}: a checkpoint of another model or config? (it "
+                             'has e.g. {given}; the model expects e.g. {expected})'),
+    'lacks_adapters': (PretrainedMismatchError, "{what} holds adapters but lacks {lacking_count} "
+                       "of the model's {count} adapter parameters: {lacking}"),
+    'other_adapters': (AdapterRecordMismatchError, '{what} holds {count} adapter tensors this '
+                       'model does not have: {foreign}. The adapters were built with other '
+                       'options (unit experts, init_mode, switches){gate}; build the model with '
+                       'the options they were trained with.'),
+    'partial_base': (PretrainedMismatchError, '{what} restores {restored} of the {count} frozen '
+                     'base parameters; missing: {lacking}. The frozen backbone would stay random: '
+                     'is it a checkpoint of this backbone, with its keys (given {given_count} '
+                     'keys, e.g. {given})?{hint}'),
+    'no_adapters': (AdapterRecordMismatchError, '{what} holds {count} backbone tensors and '
+                    '{outside_count} around it ({outside}) but none of the {adapters} adapter '
+                    'tensors of this model: the checkpoint of another model, such as a linear '
+                    'probe or a full fine-tuning of the plain backbone. The adapters would keep '
+                    'their initial values; test it with the config it was trained with.'),
+    'base_only': (BaseOnlyCheckpoint, '{what} holds only pre-trained weights ({count} backbone '
+                  "tensors): the {adapters} adapter tensors and the model's tensors around the "
+                  'backbone (heads, neck) keep their initial values. Right for load_from before '
+                  'training; to test or predict, give the fine-tuned checkpoint.'),
     # the base the adapters were trained on
-    'adapters_as_base': (PretrainedMismatchError, (
-        '{what} holds adapters and no pre-trained weights: an adapter checkpoint, not a '
-        'pre-trained base. Give it to the whole model (the checkpoint of tools/test.py, '
-        'load_from, init_detector / get_model) with the base it was trained on as '
-        'model.backbone.init_cfg.checkpoint (recorded: {recorded!r}).')),
-    'no_base': (PretrainedMismatchError, (
-        '{what} is adapter-only (the adapters and the heads, not the frozen pre-trained '
-        'weights), and this model has no pre-trained base: {why}. {trained_on}Build the '
-        "model with its base: model.backbone.init_cfg=dict(type='Pretrained', "
-        'checkpoint=...) (init_detector(config, checkpoint, cfg_options={{}}); '
-        "MMSegmentation's init_model clears init_cfg: cfg_options="
-        "{{'model.backbone.pretrained': BASE}}), or make a self-contained checkpoint "
-        'with tools/model_converters/publish_model.py --merge-base.')),
-    'recorded_no_base': (AdapterRecordMismatchError, (
-        '{what} is adapter-only and records no pre-trained base (its adapters were '
-        "trained on a backbone as built, random), but the model's base is {ours!r}: "
-        + _WRONG + '.')),
-    'base_changed': (AdapterRecordMismatchError, (
-        '{what}: the pre-trained file {ours!r} has changed since the adapters were '
-        'trained on it (fingerprint {theirs} then, {now} now): ' + _WRONG + '. Restore '
-        'the original file, or make a self-contained checkpoint where it still is '
-        '(publish_model.py --merge-base).')),
-    'other_base': (AdapterRecordMismatchError, (
-        '{what}: the adapters were trained on the pre-trained base {recorded!r} '
-        "(fingerprint {theirs}; named by the checkpoint, not opened), but the model's "
-        'base is {ours!r} (fingerprint {now}): ' + _WRONG + '. Point '
-        'model.backbone.init_cfg.checkpoint at the base they were trained on.')),
-    'no_record': (AdapterRecordMismatchError, (
-        '{what} has no adapter record (key {key!r}: removed, or not written by a MoPPA '
-        'model): its tensors fit the model, but the options they were trained with '
-        '(moppa_cfg, adapter switches) and their base cannot be checked, and adapters '
-        'under other options or on another base give wrong outputs without an error.')),
+    'adapters_as_base': (PretrainedMismatchError, '{what} holds adapters and no pre-trained '
+                         'weights: an adapter checkpoint, not a pre-trained base. Give it to the '
+                         'whole model (the checkpoint of tools/test.py, load_from, init_detector '
+                         '/ get_model) with the base it was trained on as '
+                         'model.backbone.init_cfg.checkpoint (recorded: {recorded!r}).'),
+    'no_base': (PretrainedMismatchError, '{what} is adapter-only (the adapters and the heads, not '
+                'the frozen pre-trained weights), and this model has no pre-trained base: {why}. '
+                "{trained_on}Build the model with its base: model.backbone.init_cfg=dict(type="
+                "'Pretrained', checkpoint=...) (init_detector(config, checkpoint, cfg_options="
+                "{{}}); MMSegmentation's init_model clears init_cfg: cfg_options="
+                "{{'model.backbone.pretrained': BASE}}), or make a self-contained checkpoint "
+                'with tools/model_converters/publish_model.py --merge-base.'),
+    'recorded_no_base': (AdapterRecordMismatchError, '{what} is adapter-only and records no '
+                         'pre-trained base (its adapters were trained on a backbone as built, '
+                         "random), but the model's base is {ours!r}: " + _WRONG + '.'),
+    'base_changed': (AdapterRecordMismatchError, '{what}: the pre-trained file {ours!r} has '
+                     'changed since the adapters were trained on it (fingerprint {theirs} then, '
+                     '{now} now): ' + _WRONG + '. Restore the original file, or make a '
+                     'self-contained checkpoint where it still is (publish_model.py '
+                     '--merge-base).'),
+    'other_base': (AdapterRecordMismatchError, '{what}: the adapters were trained on the '
+                   'pre-trained base {recorded!r} (fingerprint {theirs}; named by the checkpoint, '
+                   "not opened), but the model's base is {ours!r} (fingerprint {now}): " + _WRONG
+                   + '. Point model.backbone.init_cfg.checkpoint at the base they were trained '
+                   'on.'),
+    'no_record': (AdapterRecordMismatchError, '{what} has no adapter record (key {key!r}: '
+                  'removed, or not written by a MoPPA model): its tensors fit the model, but the '
+                  'options they were trained with (moppa_cfg, adapter switches) and their base '
+                  'cannot be checked, and adapters under other options or on another base give '
+                  'wrong outputs without an error.'),
 }
 
 
@@ -177,10 +153,8 @@ def problem(code: str, **fields: Any) -> MoPPAInputError:
 def _flatten(record: Dict[str, Any], prefix: str = '') -> Dict[str, Any]:
     flat = {}
     for key, value in record.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f'{prefix}{key}.'))
-        else:
-            flat[f'{prefix}{key}'] = value
+        flat.update(_flatten(value, f'{prefix}{key}.') if isinstance(value, dict) and value
+                    else {f'{prefix}{key}': value})
     return flat
 
 
@@ -236,18 +210,16 @@ def _misfits(incoming: Mapping[str, Any], own: Mapping[str, torch.Tensor],
 
 
 def _base_problems(backbone, record, what, alone) -> List[MoPPAInputError]:
-    """An adapter-only checkpoint: the model's base (loaded when built) must be
-    the one the adapters were trained on (the recorded fingerprint; no record:
-    that there is one); given as the base itself (``alone``), it is none."""
+    """An adapter-only checkpoint needs the model's base to be the one its
+    adapters were trained on; given as the base itself (``alone``), it is none."""
     recorded, ours = (record or {}).get('base') or {}, backbone.pretrained_base
     if ours is None and alone:  # e.g. as model.backbone.init_cfg.checkpoint
         return [problem('adapters_as_base', what=what, recorded=recorded.get('checkpoint'))]
     if ours is None:
         configured, _ = backbone.configured_base()
-        why = (f'model.backbone.init_cfg names {configured!r}, which was not loaded '
-               '(missing when the model was built?)' if configured else
-               "model.backbone.init_cfg names no Pretrained checkpoint (mmdet's "
-               'init_detector clears it unless cfg_options is given)')
+        why = (f'model.backbone.init_cfg names {configured!r}, which was not loaded (missing '
+               'when the model was built?)' if configured else "model.backbone.init_cfg names no "
+               "Pretrained checkpoint (mmdet's init_detector drops it unless cfg_options is given)")
         trained_on = (f'The adapters were trained on {recorded["checkpoint"]!r} (fingerprint '
                       f'{recorded["fingerprint"]}; the load does not open it). '
                       if recorded.get('checkpoint') else '')
@@ -264,26 +236,21 @@ def _base_problems(backbone, record, what, alone) -> List[MoPPAInputError]:
 
 def _adapter_problems(backbone, incoming, own, record, record_key, what,
                       alone) -> List[MoPPAInputError]:
-    """A fine-tuned checkpoint: all of the model's adapters and none it lacks,
-    the base they were trained on (adapter-only; ``alone``: as the base), and
-    last a missing record (``record_key``: None where there is one)."""
+    """A fine-tuned checkpoint: the model's adapters, all and no others, the base
+    they were trained on, last the record (``record_key``: None where there is one)."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
     given = sorted(k for k in incoming if is_adapter_key(k))
     lacking = [k for k in adapters if k not in incoming]
-    if lacking and len(lacking) == len(adapters):
-        return [problem('none_of_the_adapters', what=what, count=len(adapters),
-                        given=few(given, 3), expected=few(adapters, 3))]
     if lacking:
-        return [problem('lacks_adapters', what=what, count=len(adapters),
-                        lacking_count=len(lacking), lacking=few(lacking))]
-    problems = []
-    foreign = [k for k in given if k not in own]
+        code = 'none_of_the_adapters' if len(lacking) == len(adapters) else 'lacks_adapters'
+        return [problem(code, what=what, count=len(adapters), lacking_count=len(lacking),
+                        lacking=few(lacking), given=few(given, 3), expected=few(adapters, 3))]
+    problems, foreign = [], [k for k in given if k not in own]
     if foreign:  # torch would drop them as unexpected keys: another unit
-        gate = any(k.endswith('.gate') for k in foreign)
-        problems.append(problem(
-            'other_adapters', what=what, count=len(foreign), foreign=few(foreign),
-            gate=": the '.gate' tensors come from moppa_cfg.init_mode='identity'"
-            if gate else ''))
+        gate = ": the '.gate' tensors come from moppa_cfg.init_mode='identity'"
+        problems.append(problem('other_adapters', what=what, count=len(foreign),
+                                foreign=few(foreign), gate=gate if any(
+                                    k.endswith('.gate') for k in foreign) else ''))
     if not frozen_base_keys(incoming, '', backbone.params_not_in_base):
         problems += _base_problems(backbone, record, what, alone)
     if record_key is not None:
@@ -306,23 +273,18 @@ def _around_problems(outside, around, record, what) -> List[MoPPAInputError]:
 
 
 def _without_adapters(backbone, incoming, outside, what) -> List[MoPPAInputError]:
-    """A whole model's checkpoint without the adapters: another model's where it
-    holds tensors around the backbone, else the pre-trained base alone."""
+    """No adapters into the whole model: another model's, or the base alone."""
     adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
-    if not adapters:
-        return []
-    if outside:
-        return [problem('no_adapters', what=what, count=len(incoming),
-                        outside_count=len(outside), outside=few(sorted(outside), 3),
-                        adapters=len(adapters))]
-    return [problem('base_only', what=what, count=len(incoming), adapters=len(adapters))]
+    return [problem('no_adapters' if outside else 'base_only', what=what, count=len(incoming),
+                    outside_count=len(outside), outside=few(sorted(outside), 3),
+                    adapters=len(adapters))] if adapters else []
 
 
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> List[MoPPAInputError]:
-    """What a checkpoint says of itself (no model needed): a record under
-    ``inside`` that cannot be read; with ``digest`` (a model's checkpoint),
-    a record without its digest, or tensors that no longer match it."""
+    """What a checkpoint says of itself: a record under ``inside`` that cannot
+    be read; with ``digest`` (a model's checkpoint) no digest, or tensors that
+    no longer match it."""
     value = state.get(inside + RECORD_KEY)
     if value is None:
         return []
@@ -341,27 +303,13 @@ def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bo
 def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: str = '',
                         around: Optional[Mapping[str, torch.Tensor]] = None,
                         what: str = 'the checkpoint') -> List[MoPPAInputError]:
-    """What stands against loading ``state`` into ``backbone`` and the model
-    around it: pure, it reads and changes nothing.
-
-    Args:
-        state: The incoming state dict, keys as in the model being loaded.
-        backbone: The MoPPA backbone (its base, options and tensors).
-        inside: The backbone's prefix in ``state`` (``''`` loaded alone).
-        around: The model's other tensors (heads, neck), keys as in ``state``;
-            None for the backbone loaded alone (no digest or head check).
-        what: How messages name the checkpoint.
-
-    Returns:
-        The problems, as errors to raise, in the order checked: NaN or
-        infinite values; the record (readable, the digest, the backbone type,
-        merged or not, the options); the model around the backbone; shapes;
-        a pre-trained base's keys (then, into the whole model, another model's
-        checkpoint or a :class:`BaseOnlyCheckpoint`, which a load only warns
-        of) or the adapters (the base they were trained on, then a missing
-        record). :class:`AdapterRecordMismatchError` ones are what
-        ``strict_adapter_record=False`` loads with a warning.
-    """
+    """What stands against loading ``state`` (keys as in the model; the
+    backbone's under ``inside``) into ``backbone`` and the model around it
+    (``around``: its other tensors; None for the backbone alone: no digest or
+    head check); ``what`` names the checkpoint. In the order checked: NaN or
+    infinite values; the record (readable, the digest, the backbone type,
+    merged or not, the options); the model around the backbone; shapes; a
+    base's keys, or the adapters, the base they were trained on, the record."""
     incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
     value = incoming.pop(RECORD_KEY, None)
     outside = {} if around is None else \
@@ -426,18 +374,12 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
 
 def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, inside: str,
                  around: Optional[Mapping[str, torch.Tensor]] = None) -> None:
-    """Check what comes in (:func:`checkpoint_problems`): stop, or warn where
+    """Check ``state_dict`` (keys under ``prefix`` are the model's; the
+    backbone's under ``inside`` in it; ``around``: the model's other tensors,
+    None for the backbone alone): stop, or warn where
     ``strict_adapter_record=False`` allows; then give the load what it lacks
-    of the model (its base for an adapter-only checkpoint, its adapters for a
-    base; heads of another shape keep theirs) and note the base that came.
-
-    Args:
-        backbone: The MoPPA backbone.
-        state_dict: What the load got; keys under ``prefix`` are the model's.
-        prefix: The model's prefix in ``state_dict``.
-        inside: The backbone's prefix within the model (``''`` alone).
-        around: The model's other tensors, None for the backbone alone.
-    """
+    of the model (its base for an adapter-only checkpoint; heads of another
+    shape keep theirs) and note the base that came."""
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     for found in checkpoint_problems(state, backbone, inside, around,
                                      f'{type(backbone).__name__}: the checkpoint'):
@@ -453,17 +395,13 @@ def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, i
     record = decode_record(incoming.pop(RECORD_KEY, None))
     own = backbone.state_dict()
     own.pop(RECORD_KEY)
-    base = frozen_base_keys(incoming, '', backbone.params_not_in_base)
+    recorded = (record or {}).get('base') or {}
     # the base now in the model (what the mixin's pretrained_base reports)
     if backbone.merged:
-        backbone._base = dict(record['base']) if record and record.get('base') else None
-    elif not any(is_adapter_key(k) for k in incoming):  # a pre-trained base
-        backbone._base = dict(checkpoint=None, prefix=None,
-                              fingerprint=base_fingerprint(backbone, incoming))
-    elif base:  # a self-contained checkpoint: its base is the model's now
-        recorded = (record or {}).get('base') or {}
-        backbone._base = dict(checkpoint=recorded.get('checkpoint'),
-                              prefix=recorded.get('prefix'),
+        backbone._base = dict(recorded) or None
+    elif frozen_base_keys(incoming, '', backbone.params_not_in_base) or \
+            not any(is_adapter_key(k) for k in incoming):  # a base, or one with adapters
+        backbone._base = dict(checkpoint=recorded.get('checkpoint'), prefix=recorded.get('prefix'),
                               fingerprint=base_fingerprint(backbone, incoming))
     for key, value in own.items():  # the rest keeps what the model has: no
         state_dict.setdefault(prefix + inside + key, value)  # missing-key noise
@@ -476,8 +414,7 @@ def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, i
 
 
 def check_load_alone(backbone: nn.Module, state_dict, prefix: str, *args) -> None:
-    """The backbone's own load pre-hook: a load that starts at the backbone
-    (``prefix`` empty: the backbone alone, as its base at build) is checked
-    here; one through the model holding it was checked there."""
+    """The backbone's own load pre-hook: checks a load of the backbone alone
+    (``prefix`` empty; through a model, the model's hook checked it)."""
     if not prefix:
         load_checked(backbone, state_dict, '', '')

@@ -1,13 +1,10 @@
 """The hooks a MoPPA backbone puts on the model that holds it (``model.<name>
-= backbone``: a detector, classifier, segmentor), so that a config changes
-only the backbone and no runner hook is needed: :func:`add_route_loss`
-(forward), :func:`save_adapter_state` (state dict) and :func:`check_load`
-(load pre-hook). Each is ``functools.partial(hook, backbone, name)``, so a
-``copy.deepcopy`` of the model (EMA) hooks the copied backbone. :func:`attach`
-runs when a module is assigned to a model (torch's module-registration hook,
-registered by :mod:`.adapter_mixin` when the first backbone is built); the
-backbone keeps the handles (:attr:`held_by`), and another module in its place
-unhooks it. ``repr`` of the backbone names them (``model_hooks=...``).
+= backbone``), so that a config changes only the backbone: :func:`add_route_loss`
+(forward), :func:`save_adapter_state` (state dict), :func:`check_load` (load
+pre-hook), each ``functools.partial(hook, backbone, name)`` (a ``deepcopy`` of
+the model hooks the copied backbone). :func:`attach` runs at the assignment
+(torch's module-registration hook: :mod:`.adapter_mixin`); ``repr`` of the
+backbone names them.
 """
 import functools
 import inspect
@@ -25,16 +22,14 @@ from .route_loss import running_hub
 
 
 class HeldBy(NamedTuple):
-    """The model that holds a backbone (its class name), the backbone's name
-    in it, and the handles of the hooks on it."""
+    """The model that holds a backbone: its class, the backbone's name, the hooks."""
     model: str
     name: str
     handles: List[RemovableHandle]
 
 
 def _forward_mode(model: nn.Module, args, kwargs) -> Optional[str]:
-    """The ``mode`` a forward was called with (mmengine's models: ``'loss'``,
-    ``'predict'``, ``'tensor'``, by position or keyword), None without one."""
+    """The ``mode`` of a forward call (mmengine's models), None without one."""
     try:
         call = inspect.signature(model.forward).bind(*args, **kwargs)
     except TypeError:
@@ -62,11 +57,9 @@ def add_route_loss(backbone, name: str, model: nn.Module, args, kwargs, output):
 
 def save_adapter_state(backbone, name: str, model: nn.Module, state_dict, prefix: str,
                        local_metadata) -> None:
-    """State-dict hook, run once all the model's tensors are in: the frozen
-    base leaves where the backbone saves adapter-only
-    (:attr:`~.adapter_mixin.AdapterMixin.saves_adapters_only`), and the record
-    gets the model's class, its other tensors' shapes (``heads``) and the
-    digest of all that is saved."""
+    """State-dict hook, once all the model's tensors are in: the frozen base
+    leaves where the backbone ``saves_adapters_only``; the record gets the
+    model's class, its other tensors' shapes and the digest of all saved."""
     inside = f'{name}.'
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     record = decode_record(state.get(inside + RECORD_KEY))
@@ -84,18 +77,16 @@ def save_adapter_state(backbone, name: str, model: nn.Module, state_dict, prefix
 
 def check_load(backbone, name: str, model: nn.Module, state_dict, prefix: str,
                *args) -> None:
-    """Load pre-hook, before any tensor is copied: the load's one check, with
-    the model's other tensors (:func:`~.load_check.load_checked`; the
-    backbone's own pre-hook then leaves the load alone)."""
+    """Load pre-hook, before any tensor is copied: the one check, with the
+    model's other tensors (:func:`~.load_check.load_checked`)."""
     around = {k: v for k, v in state_tensors(model).items() if not k.startswith(f'{name}.')}
     load_checked(backbone, state_dict, prefix, f'{name}.', around)
 
 
 def attach(model: nn.Module, name: str, backbone: Optional[nn.Module],
            replaced: Optional[nn.Module]) -> None:
-    """``model.<name>`` becomes ``backbone`` (None: a module that is no MoPPA
-    backbone) in place of ``replaced`` (None: no MoPPA backbone): unhook the
-    model for the one replaced, hook it for the new one."""
+    """``model.<name>`` becomes ``backbone`` in place of ``replaced`` (each None
+    where it is no MoPPA backbone): unhook the one replaced, hook the new one."""
     if backbone is replaced:  # assigned again, e.g. by a sync-BN conversion
         return
     if replaced is not None and replaced.__dict__.get('held_by'):

@@ -1,12 +1,9 @@
-"""The route regularisation as part of the model (paper Eqs. 12-13).
-
+"""The route regularisation as part of the model (paper Eqs. 12-13):
 ``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, ``L_reg = sum_i a_i log
-a_i`` averaged over the backbone's units, reaches the loss dict of the model
-holding the backbone through a forward hook (:mod:`.model_hooks`), in a runner
-as in plain PyTorch; ``T`` and ``T_total`` come from the message hub of a
-running runner (epochs for runs of more than one, else iterations), or from
-:meth:`RouteLossMixin.set_route_progress` (``w`` until one is set). A model
-that returns no loss dict adds :meth:`RouteLossMixin.route_loss` itself.
+a_i`` averaged over the units, into the loss dict of the model holding the
+backbone (:func:`.model_hooks.add_route_loss`). ``T`` and ``T_total`` come from
+a running train loop (epochs for runs of more than one, else iterations), or
+:meth:`RouteLossMixin.set_route_progress`.
 """
 from typing import Optional, Tuple
 

@@ -1,26 +1,13 @@
-"""What a MoPPA backbone with a frozen base checks as training starts, under
-any tool, constructor or plain PyTorch loop.
-
-* **The base** (:func:`check_base`, the backbone's forward pre-hook): a
-  training forward with gradients stops while the frozen base is still the
-  random one it was built with (:class:`NoPretrainedBaseError`).
-* **The adapters' learning rate** (:class:`FirstStepCheck`): a config written
-  for a backbone that trains whole often scales the backbone's lr
-  (``paramwise_cfg.custom_keys={'backbone': dict(lr_mult=0.1)}``); with the
-  base frozen (and left out of the optimizer) the key covers only the
-  adapters. The optimizer is built where the backbone cannot see the config,
-  so the backbone registers a one-shot global optimizer step pre-hook
-  (torch's ``register_optimizer_step_pre_hook``): before the first step of an
-  optimizer holding its adapters it compares their lr (``initial_lr``) and
-  weight decay with the optimizer's, and stops with the line to add
-  (:class:`AdapterLrError`). ``repr`` names it while it waits.
-* **The frozen parameters' log lines**: under any ``paramwise_cfg``,
-  mmengine's ``DefaultOptimWrapperConstructor.add_params`` logs a warning per
-  frozen parameter; a filter of the same check on the logger current when
-  the backbone is built turns those of its base into one line.
-:class:`~moppa_mm.engine.optimizers.TrainableParamsOptimWrapperConstructor`
-checks the lr when it builds the optimizer, naming the key
-(:func:`check_done`).
+"""The checks of a MoPPA backbone with a frozen base as training starts, under
+any tool, constructor or plain PyTorch loop: a random base stops the first
+training forward (:func:`check_base`); adapters at another lr than the
+optimizer's stop the first step (:class:`FirstStepCheck`), as a config written
+for a backbone that trains whole scales its lr
+(``custom_keys={'backbone': dict(lr_mult=0.1)}``), which with the base frozen
+covers only the adapters. The optimizer is built where the backbone cannot see
+the config: the check is a one-shot global optimizer step pre-hook, and a
+filter on the logger current at the build that turns mmengine's warning per
+frozen parameter (``add_params`` under any ``paramwise_cfg``) into one line.
 """
 import logging
 import math
@@ -44,40 +31,34 @@ WAITING = ("first step of an optimizer that holds the adapters: their lr and wei
 
 
 class NoPretrainedBaseError(MoPPAInputError, RuntimeError):
-    """A backbone with a frozen base was about to train while its base is
-    still the random one it was built with."""
+    """A frozen base about to train while still random, as built."""
 
 
 class AdapterLrError(MoPPAInputError, RuntimeError):
-    """The adapters would train at another learning rate (or all at another
-    weight decay) than the optimizer's."""
+    """The adapters would train at another lr or weight decay than the optimizer's."""
 
 
 def check_base(backbone: nn.Module, args) -> None:
-    """Forward pre-hook: before a forward that will need gradients, in
-    training mode, a frozen base must be a pre-trained one (unless
-    ``random_base=True``), from ``init_cfg`` or a checkpoint loaded since."""
+    """Forward pre-hook: a training forward with gradients needs a frozen base
+    that is pre-trained (unless ``random_base=True``)."""
     if not backbone.training or not torch.is_grad_enabled() or is_capturing() or \
             backbone.pretrained_base is not None or not backbone.freeze_pretrained or \
             backbone.random_base or backbone.merged:
         return
     configured, prefix = backbone.configured_base()
-    if configured:
-        why = (f'model.backbone.init_cfg names {configured!r}, which was not there '
-               'when the model was built (nor was a checkpoint with the base '
-               'loaded since)')
-    else:
-        why = (f'model.backbone.init_cfg is {backbone.init_cfg!r}: no Pretrained '
-               'checkpoint (a config that trains its backbone from scratch?)')
+    why = (f'model.backbone.init_cfg names {configured!r}, which was not there when the model '
+           'was built (nor was a checkpoint with the base loaded since)' if configured else
+           f'model.backbone.init_cfg is {backbone.init_cfg!r}: no Pretrained checkpoint (a '
+           'config that trains its backbone from scratch?)')
     prefix = f', prefix={prefix!r}' if prefix else ''
     raise NoPretrainedBaseError(
-        f'{type(backbone).__name__}: training with freeze_pretrained=True, but the frozen '
-        f'base is random: {why}. The adapters would train on a random backbone. Either '
-        "give it a pre-trained base: model.backbone.init_cfg=dict(type='Pretrained', "
-        f"checkpoint='/path/to/base.pth'{prefix}) (or load a checkpoint that holds the "
-        'base before training: load_from, resume, load_state_dict), or train every '
-        'parameter from scratch: model.backbone.freeze_pretrained=False. (A random '
-        'frozen base on purpose, as in benchmarks: model.backbone.random_base=True.)')
+        f'{type(backbone).__name__}: training with freeze_pretrained=True, but the frozen base '
+        f'is random: {why}. The adapters would train on a random backbone. Either give it a '
+        "pre-trained base: model.backbone.init_cfg=dict(type='Pretrained', checkpoint="
+        f"'/path/to/base.pth'{prefix}) (or load a checkpoint that holds the base before "
+        'training: load_from, resume, load_state_dict), or train every parameter from '
+        'scratch: model.backbone.freeze_pretrained=False. (A random frozen base on purpose, '
+        'as in benchmarks: model.backbone.random_base=True.)')
 
 
 _checks: List['FirstStepCheck'] = []  # every check still among torch's hooks
@@ -115,9 +96,8 @@ class FirstStepCheck:
         optimizer.register_step_post_hook(_remove_finished)
 
     def frozen_lines(self, record: logging.LogRecord) -> bool:
-        """Logger filter: mmengine's line per frozen parameter of the
-        backbone (by its name in the model) is dropped; the first one becomes
-        a line that says how many there are and why."""
+        """Logger filter: mmengine's line per frozen parameter of the backbone
+        is dropped; the first becomes one that says how many and why."""
         message, backbone = record.getMessage(), self.backbone()
         if backbone is None or not message.endswith(FROZEN_MESSAGE):
             return True
@@ -142,8 +122,8 @@ class FirstStepCheck:
 
 
 def _remove_finished(*step) -> None:
-    """Remove the checks that ran or whose backbone is gone (never while
-    torch goes through its hooks; ``step``: a post-hook's arguments)."""
+    """Remove the checks that ran or whose backbone is gone (not while torch
+    goes through its hooks)."""
     for check in [c for c in _checks if c.done or c.backbone() is None]:
         check.remove()
 
@@ -164,8 +144,7 @@ def waiting_check(backbone: nn.Module) -> Optional[str]:
 
 
 def check_done(backbone: nn.Module) -> None:
-    """The backbone's adapters were checked (by a constructor that knows the
-    config): its step check goes."""
+    """The adapters' lr is checked elsewhere (a constructor that knows the keys)."""
     check = _check_of(backbone)
     if check is not None:
         check.done = True
@@ -173,8 +152,7 @@ def check_done(backbone: nn.Module) -> None:
 
 
 def adapter_groups(backbone: nn.Module, optimizer: Optimizer) -> List[Tuple[str, Dict]]:
-    """``(adapter parameter name, its group)`` for the backbone's trainable
-    adapters that ``optimizer`` holds."""
+    """``(name, group)`` of the backbone's trainable adapters in ``optimizer``."""
     names = {id(p): n for n, p in backbone.named_parameters()
              if p.requires_grad and is_adapter_key(n)}
     return [(names[id(p)], group) for group in optimizer.param_groups
@@ -190,10 +168,8 @@ def adapter_lr_message(backbone: nn.Module, optimizer: Optimizer,
                        held: List[Tuple[str, Dict]], cause: Optional[str] = None,
                        line: Optional[str] = None) -> Optional[str]:
     """What stops a run whose adapters in ``held`` (:func:`adapter_groups`)
-    train at another lr than the optimizer's (or all at another weight
-    decay); None where they do not. ``cause`` and ``line`` (the config line
-    to add) replace the general ones (a constructor that knows the
-    ``paramwise_cfg`` names the key)."""
+    train at another lr (or all at another weight decay) than the optimizer's,
+    else None; a constructor that knows the key gives ``cause`` and ``line``."""
     base_lr = optimizer.defaults.get('lr')
     base_wd = optimizer.defaults.get('weight_decay', 0.0)
     if not isinstance(base_lr, (int, float)):
