@@ -287,6 +287,18 @@ def test_bad_options_are_named():
         build(classifier_cfg(moppa_cfg=dict(experts='heat')))
 
 
+@pytest.mark.parametrize('value, kind', [('heat_param=raw', 'str'), (['raw'], 'list'),
+                                         (0.5, 'float')])
+def test_moppa_cfg_of_another_type_is_named(value, kind):
+    """``--cfg-options model.backbone.moppa_cfg=...`` gives a string or a list:
+    one line naming the key (once a raw ValueError / TypeError of ``dict()``)."""
+    with pytest.raises(InputValueError, match=(
+            rf'^model.backbone.moppa_cfg = {re.escape(repr(value))} is a {kind}: it must be a '
+            r"dict of the units' options \(any of \['eta', .*\]\), e.g. "
+            r"moppa_cfg=dict\(heat_param='raw'\)$")):
+        build(classifier_cfg(moppa_cfg=value))
+
+
 SWIN = dict(type='MoPPASwinTransformer', embed_dims=16, depths=[2], num_heads=[2],
             out_indices=(0, ), random_base=True)
 TRUE_OR_FALSE = 'True or False'
