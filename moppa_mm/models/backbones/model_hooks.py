@@ -1,10 +1,8 @@
-"""The hooks a MoPPA backbone puts on the model that holds it (``model.<name>
-= backbone``), so that a config changes only the backbone: :func:`add_route_loss`
-(forward), :func:`save_adapter_state` (state dict), :func:`check_load` (load
-pre-hook), each ``functools.partial(hook, backbone, name)`` (a ``deepcopy`` of
-the model hooks the copied backbone). :func:`attach` runs at the assignment
-(torch's module-registration hook: :mod:`.adapter_mixin`); ``repr`` of the
-backbone names them.
+"""The hooks a MoPPA backbone puts on the model that holds it, so that a config
+changes only the backbone: :func:`add_route_loss` (forward), :func:`save_adapter_state`
+(state dict), :func:`check_load` (load pre-hook), each ``partial(hook, backbone, name)``
+(a ``deepcopy`` of the model hooks the copied backbone), put there by :func:`attach`
+when the backbone is assigned (torch's module-registration hook: :mod:`.adapter_mixin`).
 """
 import functools
 import inspect
@@ -30,6 +28,8 @@ class HeldBy(NamedTuple):
 
 def _forward_mode(model: nn.Module, args, kwargs) -> Optional[str]:
     """The ``mode`` of a forward call (mmengine's models), None without one."""
+    if 'mode' in kwargs:  # as mmengine's train_step passes it
+        return kwargs['mode']
     try:
         call = inspect.signature(model.forward).bind(*args, **kwargs)
     except TypeError:
