@@ -127,10 +127,8 @@ def make_swin_checkpoint(path: str, seed: int = 0, **swin_kwargs) -> str:
     from mmengine.logging import MMLogger
     torch.manual_seed(seed)
     swin = SwinTransformer(**swin_kwargs)
-    # random on purpose: without a checkpoint init_weights logs the WARNING "No
-    # pre-trained weights for SwinTransformer, training start from scratch".
-    # MMLogger.setLevel clears every MMLogger's level cache (logging.disable
-    # does not: they stayed silent for warnings after it)
+    # random on purpose: without a checkpoint init_weights warns "No pre-trained weights";
+    # MMLogger.setLevel clears every MMLogger's level cache (logging.disable does not)
     logger = MMLogger.get_current_instance()
     previous = logger.level
     logger.setLevel(logging.ERROR)
