@@ -42,7 +42,8 @@ from moppa_mm import AdapterBank  # noqa: E402
 from moppa_mm.apis.adapter_bank import build_model  # noqa: E402
 from moppa_mm.datasets import VTAB_TASKS  # noqa: E402
 from moppa_mm.models import full_state_dict  # noqa: E402
-from moppa_mm.models.backbones.adapter_state import is_adapter_key, redigest  # noqa: E402
+from moppa_mm.models.backbones.adapter_params import is_adapter_key  # noqa: E402
+from moppa_mm.models.backbones.adapter_record import redigest  # noqa: E402
 
 CONFIG = 'configs/vtab1k/moppa_vit-b-p16_in21k-augreg-pre_vtab1k-{}.py'
 DEFAULT_OUT = osp.join(ROOT, 'docs', 'benchmarks.md')

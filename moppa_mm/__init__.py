@@ -1,13 +1,14 @@
 """moppa_mm: MoPPA (Mixture of Physical Priors Adapter) for OpenMMLab.
 
 Importing the package registers its backbones, data sets and hooks in mmdet's,
-mmpretrain's and mmengine's registries, the ``moppa_mm::`` config scope, and
-mmengine's checkpoint types with torch's ``weights_only`` loader; configs do it
-with ``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
-What a MoPPA backbone adds to the model it is assigned to (``loss_route``,
-adapter-only saving with a digest, the check of every checkpoint loaded into it,
-a first-step check of the adapters' learning rate) is shown by ``print(model)``
-on the backbone: docs/design.md.
+mmpretrain's and mmengine's registries; configs do it with
+``custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)``.
+Beyond the registries it changes three things of the process, each needed by a
+load or a config that moppa_mm does not run itself: the ``moppa_mm::`` config
+scope, and mmengine's checkpoint types with torch's ``weights_only`` loader
+(safe globals, a copyreg entry). What a built backbone adds (hooks on the model
+that holds it, a first-step check) and why: docs/design.md, "Process-wide
+effects".
 """
 
 

@@ -277,7 +277,8 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
     """A MoPPA adapter checkpoint (it holds an adapter record) given to a model
     without a MoPPA backbone would leave that backbone random: the adapter-only
     file lacks it, and a plain backbone does not know where to take it from."""
-    from moppa_mm.models.backbones.adapter_state import RECORD_KEY, decode_record
+    from moppa_mm.models.backbones.adapter_params import RECORD_KEY
+    from moppa_mm.models.backbones.adapter_record import decode_record
     state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
     records = [key for key, value in state.items()
                if key.endswith(RECORD_KEY) and decode_record(value) is not None]

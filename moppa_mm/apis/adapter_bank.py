@@ -15,7 +15,7 @@ each time. A bank loads the base once and keeps, per task, only what differs::
   config when given (another number of classes), else copies of the bank
   model's, with the checkpoint's tensors loaded strictly. :meth:`AdapterBank.add`
   runs the backbones' own load check
-  (:func:`~moppa_mm.models.backbones.adapter_state.checkpoint_problems`, no
+  (:func:`~moppa_mm.models.backbones.load_check.checkpoint_problems`, no
   override), and a self-contained checkpoint's base must equal the bank's.
 * **Switching** copies the task's adapter tensors into the backbone's
   (megabytes) and assigns its modules as the model's children; no base tensor
@@ -36,9 +36,9 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
-from moppa_mm.models.backbones.adapter_state import (RECORD_KEY, AdapterRecordMismatchError,
-                                                     PretrainedMismatchError,
-                                                     checkpoint_problems, is_adapter_key)
+from moppa_mm.models.backbones.adapter_params import RECORD_KEY, is_adapter_key
+from moppa_mm.models.backbones.load_check import (AdapterRecordMismatchError,
+                                                  PretrainedMismatchError, checkpoint_problems)
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.params import few, state_tensors

@@ -1,11 +1,12 @@
 """The options of a MoPPA backbone's units: validated once, with the shipped
 recipe as defaults, and written into every checkpoint as part of the adapter
-record (:mod:`moppa_mm.models.backbones.adapter_state`)."""
+record (:mod:`moppa_mm.models.backbones.adapter_record`)."""
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from moppa_mm.operators.moppa_unit import EXPERTS, check_unit_options
 from moppa_mm.utils.errors import InputValueError
+from moppa_mm.utils.params import short_repr
 
 # the backbone derives these from its own architecture
 RESERVED = ('embed_dims', 'num_heads', 'grid_size')
@@ -13,20 +14,12 @@ RESERVED = ('embed_dims', 'num_heads', 'grid_size')
 
 @dataclasses.dataclass(frozen=True)
 class MoPPAConfig:
-    """The options of every :class:`~moppa_mm.operators.MoPPAUnit` of a backbone.
-
-    The defaults are the recipe the shipped configs train with, so a config
-    that only changes its backbone's ``type`` trains the same method: the
-    paper's Eq. 11 and initialisation exactly as written (``init_mode='paper'``,
-    ``heat_param='raw'``: k and t unconstrained, so the heat expert may sharpen
-    as well as damp), as ``MoPPAUnit``'s own defaults. Chosen on real images
-    (docs/accuracy.md): on scanned digits raw heat transferred 8.6 points better
-    than softplus heat at 50 steps and level at 200, with 40% of its ``k t``
-    negative. Each field is the :class:`~moppa_mm.operators.MoPPAUnit`
-    argument of the same name (``eta``, ``share_time``, ``coef_init``,
-    ``time_init``, ``source_init_std``, ``resize_mode``, ``experts``,
-    ``init_mode``, ``heat_param``), documented there.
-    """
+    """The options of every :class:`~moppa_mm.operators.MoPPAUnit` of a backbone,
+    each the unit's argument of the same name. The defaults are the shipped
+    recipe, so that a config that changes only its backbone's ``type`` trains
+    the same method: the paper's Eq. 11 and initialisation as written
+    (``init_mode='paper'``; ``heat_param='raw'``: the heat expert may sharpen as
+    well as damp); why these: docs/design.md."""
 
     eta: float = 1e-3
     share_time: bool = False
@@ -47,10 +40,11 @@ class MoPPAConfig:
         for name in ('coef_init', 'time_init', 'source_init_std'):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InputValueError(f'moppa_cfg.{name} must be a number, got {value!r}')
+                raise InputValueError(f'model.backbone.moppa_cfg.{name} must be a number, '
+                                      f'got {value!r}')
         if not isinstance(self.share_time, bool):
-            raise InputValueError(f'moppa_cfg.share_time must be True or False, got '
-                                  f'{self.share_time!r}')
+            raise InputValueError(f'model.backbone.moppa_cfg.share_time must be True or '
+                                  f'False, got {self.share_time!r}')
 
     @classmethod
     def build(cls, options: Optional[Mapping[str, Any]] = None) -> 'MoPPAConfig':
@@ -58,16 +52,21 @@ class MoPPAConfig:
         keys and keys the backbone derives are errors that name them."""
         if isinstance(options, cls):
             return options
+        known = [field.name for field in dataclasses.fields(cls)]
+        if not isinstance(options, (Mapping, type(None))):
+            raise InputValueError(
+                f'model.backbone.moppa_cfg = {short_repr(options)} is a '
+                f'{type(options).__name__}: it must be a dict of the units\' options '
+                f'(any of {known}), e.g. moppa_cfg=dict(heat_param=\'raw\')')
         options = dict(options or {})
         for reserved in RESERVED:
             if reserved in options:
-                raise InputValueError(f'moppa_cfg must not set {reserved!r}: the '
-                                      'backbone derives it')
-        known = [field.name for field in dataclasses.fields(cls)]
+                raise InputValueError(f'model.backbone.moppa_cfg must not set {reserved!r}: '
+                                      'the backbone derives it')
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise InputValueError(f'moppa_cfg has unknown option(s) {unknown}; the '
-                                  f'options are {known}')
+            raise InputValueError(f'model.backbone.moppa_cfg has unknown option(s) '
+                                  f'{unknown}; the options are {known}')
         return cls(**options)
 
     def to_dict(self) -> Dict[str, Any]:

@@ -12,9 +12,8 @@ from mmengine.runner.checkpoint import load_checkpoint
 
 from moppa_mm import AdapterBank
 from moppa_mm.models import full_state_dict
-from moppa_mm.models.backbones.adapter_mixin import (AdapterRecordMismatchError,
-                                                     PretrainedMismatchError,
-                                                     is_adapter_key)
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.load_check import AdapterRecordMismatchError, PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.test_models.test_adapter_record import (build, classifier_cfg,  # noqa: F401
                                                    detector, trained_classifier)

@@ -8,7 +8,8 @@ import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-from moppa_mm.models.backbones.adapter_mixin import adapter_components
+from moppa_mm.models.backbones.adapter_params import adapter_components, parameter_breakdown
+from moppa_mm.models.backbones.adapter_record import adapter_record
 from moppa_mm.utils.params import parameter_table
 from tests.conftest import REPO
 
@@ -240,8 +241,8 @@ def test_two_lines_give_the_shipped_method(moppa, plain, scope):
     for backbone in (shipped, two_lines):
         backbone.init_cfg = None  # the architecture, no weights
     built = [MODELS.build(backbone) for backbone in (shipped, two_lines)]
-    assert built[0].adapter_record() == built[1].adapter_record()
-    assert built[0].parameter_breakdown() == built[1].parameter_breakdown()
+    assert adapter_record(built[0]) == adapter_record(built[1])
+    assert parameter_breakdown(built[0]) == parameter_breakdown(built[1])
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, REPO))

@@ -15,6 +15,7 @@ from mmseg.structures import SegDataSample  # noqa: E402
 from mmengine.structures import PixelData  # noqa: E402
 
 import moppa_mm  # noqa: E402,F401
+from moppa_mm.models.backbones.adapter_params import parameter_breakdown  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs/segmentation/*.py')))
@@ -51,7 +52,7 @@ def test_config_builds_its_optimizer_over_the_trainable_set(path):
 def test_config_builds_moppa_in_mmseg_model(name, backbone, trainable):
     model = build(osp.join(REPO, 'configs/segmentation', name))
     assert type(model.backbone).__name__ == backbone
-    counts = model.backbone.parameter_breakdown()
+    counts = parameter_breakdown(model.backbone)
     assert counts['total']['trainable'] == pytest.approx(trainable, rel=0.05)
     assert counts['pretrained']['trainable'] == 0
 

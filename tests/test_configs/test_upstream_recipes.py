@@ -8,10 +8,12 @@ made tiny by a child config, and run by mmengine's ``Runner``:
 * MAE's fine-tuning config (``out_type='avg_featmap'``, ``final_norm=False``)
   starts from an MAE pre-training checkpoint, which has no ``ln2``: the base
   loads, ``ln2`` trains with the adapters, the table and the record say so;
-* DINO's ``custom_keys={'backbone': dict(lr_mult=0.1)}`` covers only the
-  adapters: one warning at the first step (mmengine's default constructor) or
-  when the optimizer is built (ours), and the line it suggests restores the lr
-  while the frozen base stays out of the optimizer.
+* DINO's and Mask2Former's ``custom_keys={'backbone': dict(lr_mult=0.1)}``
+  covers only the adapters: the run stops before its first step (mmengine's
+  default constructor) or when the optimizer is built (ours), in one line
+  with the line to add, which trains the adapters at the optimizer's lr
+  while the frozen base stays out of the optimizer; mmengine's warning per
+  frozen parameter is one line.
 """
 import glob
 import os.path as osp
@@ -25,8 +27,9 @@ from mmengine.runner import Runner, load_checkpoint
 from demo.coco_shapes import prepare_demo
 from demo.vtab_task import make_vtab_task
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError, is_adapter_key
-from moppa_mm.models.backbones.optimizer_check import waiting_check
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.training_checks import (AdapterLrError, NoPretrainedBaseError,
+                                                       waiting_check)
 from tests.conftest import logged_messages
 
 USER_LINES = """_base_ = {base!r}
@@ -174,6 +177,13 @@ def test_mae_fine_tuning_config_trains_its_new_norm_with_the_adapters(vtab_root,
     cfg = config(tmp_path, MAE_FINETUNE, 'MoPPAVisionTransformer', tiny)
     assert cfg.model.backbone.out_type == 'avg_featmap' and not cfg.model.backbone.final_norm
     assert cfg.optim_wrapper.constructor == 'LearningRateDecayOptimWrapperConstructor'
+    # its layer-wise lr decay would scale the adapters: stopped, with the line
+    with pytest.raises(AdapterLrError, match=r"layer-wise lr decay.*add to the config: "
+                       r'optim_wrapper = dict\(paramwise_cfg=dict\(layer_decay_rate=1.0\)\)'):
+        Runner.from_cfg(cfg).train()
+    (tmp_path / 'fixed').mkdir()
+    cfg = config(tmp_path / 'fixed', MAE_FINETUNE, 'MoPPAVisionTransformer', tiny,
+                 **{'optim_wrapper.paramwise_cfg.layer_decay_rate': 1.0})
     runner = Runner.from_cfg(cfg)
     backbone = runner.model.backbone
     assert backbone.ln2.weight.requires_grad and backbone.ln2.bias.requires_grad
@@ -183,7 +193,6 @@ def test_mae_fine_tuning_config_trains_its_new_norm_with_the_adapters(vtab_root,
     runner.train()
     log = run_log(cfg)
     assert 'new, no base has them' in log  # the table's row for ln2
-    assert log.count('layer-wise lr decay') == 1  # the adapters' lr, warned once
     # the file's own final norm (ln1, not in this model) is no sign of a changed base
     assert 're-initialised after it was loaded' not in log
     assert not torch.equal(backbone.ln2.weight, start['ln2.weight'])  # it trained
@@ -192,7 +201,7 @@ def test_mae_fine_tuning_config_trains_its_new_norm_with_the_adapters(vtab_root,
                                rtol=0, atol=0)  # the base did not
     state = torch.load(osp.join(cfg.work_dir, 'iter_2.pth'), weights_only=True)['state_dict']
     record = read_adapter_record(state)
-    assert record['adapters']['fresh_params'] == ['ln2.*']
+    assert record['adapters']['params_not_in_base'] == ['ln2.*']
     assert 'backbone.ln2.weight' in state and 'backbone.layers.0.attn.qkv.weight' not in state
     # the adapter checkpoint (ln2 included) loads onto the base built from init_cfg
     from mmpretrain.registry import MODELS
@@ -216,48 +225,90 @@ def adapter_lrs(optimizer, backbone):
             for p in group['params'] if id(p) in adapters}
 
 
-def test_dino_backbone_lr_mult_warns_and_the_suggested_key_restores_the_lr(
+def added_line(error) -> str:
+    """The config line an :class:`AdapterLrError` says to add."""
+    return str(error.value).split('add to the config: ')[1].rstrip('.')
+
+
+def test_dino_backbone_lr_mult_stops_and_the_line_it_names_trains_at_the_lr(
         shapes, tmp_path):
     dino = DINO.format(pretrained=shapes['pretrained'], root=shapes['root'])
     cfg = config(tmp_path, DINO_BASE, 'MoPPASwinTransformer', dino)
     assert cfg.optim_wrapper.paramwise_cfg.custom_keys == {'backbone': dict(lr_mult=0.1)}
     assert 'constructor' not in cfg.optim_wrapper  # mmengine's default constructor
     runner = Runner.from_cfg(cfg)
-    assert 'optimizer_check=(first step' in repr(runner.model.backbone)
-    runner.train()
-    warnings = [line for line in run_log(cfg).splitlines()
-                if 'adapter tensors train at lr' in line]
-    assert len(warnings) == 1, warnings
-    assert 'train at lr 1e-05 (0.1 x)' in warnings[0]
-    suggested = "custom_keys={'backbone.': dict(lr_mult=1.0, decay_mult=1.0)}"
-    assert suggested in warnings[0]
-    assert waiting_check(runner.model.backbone) is None  # one-shot: gone
-    assert 'optimizer_check' not in repr(runner.model.backbone)
-    assert adapter_lrs(runner.optim_wrapper.optimizer, runner.model.backbone) == {1e-05}
+    assert 'first_step_check=(first step' in repr(runner.model.backbone)
+    with pytest.raises(AdapterLrError, match=r'train at lr 1e-05 \(0.1 x\)') as error:
+        runner.train()
+    assert '\n' not in str(error.value)
+    suggested = ("optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'backbone.': "
+                 "dict(lr_mult=1.0, decay_mult=1.0)}))")
+    assert added_line(error) == suggested
+    assert not glob.glob(osp.join(cfg.work_dir, '*.pth'))  # no step, no checkpoint
+    log = run_log(cfg)
+    assert 'is skipped since its requires_grad=False' not in log
+    assert log.count('frozen parameter tensors (model.backbone.*') == 1
+    assert 'first_step_check' not in repr(runner.model.backbone)
 
-    # the suggested line: the adapters at the optimizer's lr, the base still out
+    # the line it names, added to the config: it trains, the base still out
     (tmp_path / 'fixed').mkdir()
-    fixed = config(tmp_path / 'fixed', DINO_BASE, 'MoPPASwinTransformer', dino)
-    fixed.optim_wrapper.paramwise_cfg.custom_keys['backbone.'] = dict(
-        lr_mult=1.0, decay_mult=1.0)
+    config(tmp_path / 'fixed', DINO_BASE, 'MoPPASwinTransformer', dino)
+    (tmp_path / 'fixed' / 'added.py').write_text(f"_base_ = './tiny.py'\n{suggested}\n")
+    fixed = Config.fromfile(str(tmp_path / 'fixed' / 'added.py'))
+    fixed.work_dir = str(tmp_path / 'fixed' / 'work')
     runner = Runner.from_cfg(fixed)
-    optimizer = runner.build_optim_wrapper(fixed.optim_wrapper).optimizer
-    backbone = runner.model.backbone
+    runner.train()
+    optimizer, backbone = runner.optim_wrapper.optimizer, runner.model.backbone
     assert adapter_lrs(optimizer, backbone) == {1e-4}
     optimized = {id(p) for group in optimizer.param_groups for p in group['params']}
     assert not any(id(p) in optimized for p in backbone.parameters() if not p.requires_grad)
-    with logged_messages() as messages:
-        optimizer.step()
-    assert not any('adapter tensors train at lr' in m for m in messages)
 
-    # ours names the key when it builds the optimizer
+    # ours stops when it builds the optimizer, naming the key
     (tmp_path / 'ours').mkdir()
     ours = config(tmp_path / 'ours', DINO_BASE, 'MoPPASwinTransformer', dino,
                   **{'optim_wrapper.constructor': 'TrainableParamsOptimWrapperConstructor'})
     runner = Runner.from_cfg(ours)
-    with logged_messages() as messages:
+    with pytest.raises(AdapterLrError) as error:
         runner.build_optim_wrapper(ours.optim_wrapper)
-    warnings = [m for m in messages if 'adapter tensors train at lr' in m]
-    assert len(warnings) == 1 and "custom_keys['backbone'] = {'lr_mult': 0.1}" in warnings[0]
-    assert suggested.replace('custom_keys=', 'paramwise_cfg=dict(custom_keys=') in warnings[0]
-    assert waiting_check(runner.model.backbone) is None  # checked: no second warning
+    assert "custom_keys['backbone'] = {'lr_mult': 0.1}" in str(error.value)
+    assert added_line(error) == suggested
+    assert waiting_check(runner.model.backbone) is None  # checked there, not at the step
+
+
+MASK2FORMER_BASE = 'mmdet::mask2former/mask2former_swin-t-p4-w7-224_8xb2-lsj-50e_coco.py'
+MASK2FORMER = """_base_ = './user.py'
+model = dict(
+    backbone=dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8],
+                  init_cfg=dict(checkpoint={pretrained!r})),
+    panoptic_head=dict(in_channels=[32, 64, 128, 256], num_queries=10,
+                       pixel_decoder=dict(encoder=dict(num_layers=1)),
+                       transformer_decoder=dict(num_layers=1)))
+"""
+
+
+def test_mask2former_backbone_lr_mult_stops_before_the_first_step(shapes, tmp_path):
+    """The packaged Mask2Former Swin config with the two lines, its optimizer
+    built by mmengine's own constructor (``build_optim_wrapper``, as the
+    Runner builds it): one line for the frozen base, a stop at the first step
+    with the line to add; added, the adapters train at the optimizer's lr."""
+    from mmdet.registry import MODELS
+    from mmengine.optim import build_optim_wrapper
+    tiny = MASK2FORMER.format(pretrained=shapes['pretrained'])
+    cfg = config(tmp_path, MASK2FORMER_BASE, 'MoPPASwinTransformer', tiny)
+    assert cfg.optim_wrapper.paramwise_cfg.custom_keys['backbone'] == dict(
+        lr_mult=0.1, decay_mult=1.0)
+    init_default_scope('mmdet')
+    model = MODELS.build(cfg.model)
+    with logged_messages() as messages:
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert not [m for m in messages if 'is skipped since its requires_grad=False' in m]
+    assert len([m for m in messages if 'frozen parameter tensors' in m]) == 1
+    with pytest.raises(AdapterLrError, match=r'train at lr 1e-05 \(0.1 x\)') as error:
+        optim_wrapper.step()
+    (tmp_path / 'added.py').write_text(f"_base_ = './tiny.py'\n{added_line(error)}\n")
+    fixed = Config.fromfile(str(tmp_path / 'added.py'))
+    model = MODELS.build(fixed.model)
+    optimizer = build_optim_wrapper(model, fixed.optim_wrapper).optimizer
+    assert adapter_lrs(optimizer, model.backbone) == {1e-4}
+    optimizer.step()  # the check passes
+    assert waiting_check(model.backbone) is None

@@ -11,7 +11,7 @@ from mmpretrain.structures import DataSample
 
 from moppa_mm import merge_adapters
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
+from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.operators import MoPPAUnit
 from tests.test_models.test_adapter_record import classifier_cfg
 

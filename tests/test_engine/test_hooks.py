@@ -109,6 +109,7 @@ def test_route_loss_reaches_any_model_that_holds_a_moppa_backbone():
     assert model.backbone.layers[0].moppa.route_logits.grad is not None
     out = model(torch.randn(1, 3, 8, 8))  # mode='tensor': output untouched
     assert isinstance(out, torch.Tensor)
+    assert 'loss_route' in model(torch.randn(2, 3, 8, 8), None, 'loss')  # mode by position
     model.backbone.set_route_progress(1, 4)  # plain PyTorch: T, T_total
     losses = model(torch.randn(2, 3, 8, 8), mode='loss')
     assert math.isclose(losses['loss_route'].item(), 0.25 * math.log(1 / 3),

@@ -17,8 +17,8 @@ from mmengine.registry import init_default_scope
 from mmengine.runner.checkpoint import load_checkpoint
 
 from moppa_mm.models import MoPPAConfig, full_state_dict, read_adapter_record
-from moppa_mm.models.backbones.adapter_state import (MAX_RECORD_BYTES, AdapterRecordMismatchError,
-                                                     PretrainedMismatchError, encode_record)
+from moppa_mm.models.backbones.adapter_record import MAX_RECORD_BYTES, encode_record
+from moppa_mm.models.backbones.load_check import AdapterRecordMismatchError, PretrainedMismatchError
 from moppa_mm.utils.errors import InputValueError
 from tests.conftest import DEMO_CONFIG, logged_messages
 
@@ -287,6 +287,18 @@ def test_bad_options_are_named():
         build(classifier_cfg(moppa_cfg=dict(experts='heat')))
 
 
+@pytest.mark.parametrize('value, kind', [('heat_param=raw', 'str'), (['raw'], 'list'),
+                                         (0.5, 'float')])
+def test_moppa_cfg_of_another_type_is_named(value, kind):
+    """``--cfg-options model.backbone.moppa_cfg=...`` gives a string or a list:
+    one line naming the key (once a raw ValueError / TypeError of ``dict()``)."""
+    with pytest.raises(InputValueError, match=(
+            rf'^model.backbone.moppa_cfg = {re.escape(repr(value))} is a {kind}: it must be a '
+            r"dict of the units' options \(any of \['eta', .*\]\), e.g. "
+            r"moppa_cfg=dict\(heat_param='raw'\)$")):
+        build(classifier_cfg(moppa_cfg=value))
+
+
 SWIN = dict(type='MoPPASwinTransformer', embed_dims=16, depths=[2], num_heads=[2],
             out_indices=(0, ), random_base=True)
 TRUE_OR_FALSE = 'True or False'
@@ -375,8 +387,8 @@ def test_detector_with_other_classes_stops(detector):
 
 
 def test_mismatch_names_the_command_line_fix(trained_classifier):
-    """A checkpoint of the earlier default (identity init) names the option
-    that loads it."""
+    """A checkpoint built with other unit options names the option, both
+    values and the command line that loads it."""
     checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
     record = read_adapter_record(checkpoint)
     assert record['moppa_cfg']['init_mode'] == 'paper'  # the shipped default
@@ -407,29 +419,10 @@ def test_a_parent_init_cfg_does_not_leave_the_base_randomised(trained_classifier
             key, dict(model.named_buffers()).get(key)), value, msg=key)
 
 
-def test_checkpoint_of_the_former_softplus_default_is_named_so(trained_classifier, tmp_path):
-    """The backbones defaulted to softplus heat until the real-image transfers
-    chose the paper's raw heat: such a checkpoint stops, says that its value
-    was the former default, and names the command line that loads it."""
-    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
-    record = read_adapter_record(checkpoint)
-    assert record['moppa_cfg']['heat_param'] == 'raw'  # the shipped default
-    record['moppa_cfg']['heat_param'] = 'softplus'
-    checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
-    old = str(tmp_path / 'softplus_era.pth')
-    torch.save(checkpoint, old)
-    model = build(classifier_cfg(trained_classifier['pretrained']))
-    with pytest.raises(AdapterRecordMismatchError, match=r"(?s)moppa_cfg.heat_param: "
-                       r"'softplus' in the checkpoint \(the backbones' default until "
-                       r"2026-11-25[^)]*\), 'raw' in the model.*--cfg-options "
-                       r'model.backbone.moppa_cfg.heat_param=softplus\)'):
-        load_checkpoint(model, old, map_location='cpu')
-
-
 def test_old_identity_checkpoint_without_a_record_is_refused(trained_classifier, tmp_path):
-    """A record-less checkpoint of the earlier default (identity init) holds
-    gate tensors the model lacks: torch would drop them as unexpected keys
-    and the units would run without their gates."""
+    """A record-less checkpoint of identity-init units holds gate tensors the
+    model lacks: torch would drop them as unexpected keys and the units would
+    run without their gates."""
     cfg = classifier_cfg(trained_classifier['pretrained'], moppa_cfg=dict(init_mode='identity'))
     model = build(cfg)
     model.init_weights()

@@ -19,9 +19,10 @@ from mmengine.runner.checkpoint import load_checkpoint
 
 from moppa_mm.models import adapter_state_dict, full_state_dict, read_adapter_record
 from moppa_mm.models.backbones.adapter_mixin import BACKBONE_ARGS
-from moppa_mm.models.backbones.adapter_state import (AdapterRecordMismatchError,
-                                                     BaseOnlyCheckpoint, PretrainedMismatchError,
-                                                     encode_record, is_adapter_key)
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.adapter_record import encode_record
+from moppa_mm.models.backbones.load_check import (AdapterRecordMismatchError, BaseOnlyCheckpoint,
+                                                  PretrainedMismatchError)
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import logged_messages
 from tests.test_models.test_adapter_record import (build, classifier_cfg,  # noqa: F401
@@ -92,19 +93,37 @@ def test_damaged_trained_tensors_stop_every_loader(trained_classifier, tmp_path,
                     map_location='cpu')  # the undamaged file loads
 
 
-def test_a_checkpoint_from_before_the_digest_loads(trained_classifier, tmp_path):  # noqa: F811
-    """Records before the digest (no 'digest', 'model' or 'heads' field) are of
-    the same format: they load, strictly, to the trained outputs."""
-    checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
+@pytest.mark.parametrize('edit', ['removed', 'emptied'])
+def test_a_record_without_its_digest_stops_every_loader(trained_classifier, tmp_path,  # noqa: F811
+                                                        edit):
+    """A damaged file whose digest was removed or emptied (it once passed for
+    a record saved before the digest, and tested at top-1 41.7 instead of
+    33.3, exit 0) stops mmengine's loader, torch's load (no override), the
+    adapter bank and publish_model.py, in one line."""
+    from moppa_mm import AdapterBank
+    from tests.test_tools.test_checkpoint_faults import load_tool
+    path = damaged(trained_classifier['checkpoint'], tmp_path, 'head.layers.head.weight')
+    checkpoint = torch.load(path, weights_only=True)
     record = read_adapter_record(checkpoint)
-    assert len(record['digest']) == 32 and record['model'] == 'ImageClassifier'
-    for field in ('digest', 'model', 'heads'):
-        del record[field]
+    if edit == 'removed':
+        del record['digest']
+    else:
+        record['digest'] = ''
     checkpoint['state_dict']['backbone._extra_state'] = encode_record(record)
-    model = build(classifier_cfg(trained_classifier['pretrained']))
-    model.load_state_dict(checkpoint['state_dict'], strict=True)
-    torch.testing.assert_close(model.eval()(IMAGE, mode='tensor'),
-                               trained_classifier['model'].eval()(IMAGE, mode='tensor'))
+    torch.save(checkpoint, path)
+    pretrained = trained_classifier['pretrained']
+    match = (r"^MoPPAVisionTransformer: the checkpoint: its adapter record \(key "
+             r"'backbone._extra_state'\) has no digest .*edited after the save[^\n]*$")
+    with pytest.raises(CheckpointLoadError, match=match):
+        load_checkpoint(build(classifier_cfg(pretrained)), path, map_location='cpu')
+    with pytest.raises(CheckpointLoadError, match=match):
+        build(classifier_cfg(pretrained, strict_adapter_record=False)).load_state_dict(
+            checkpoint['state_dict'])
+    with pytest.raises(CheckpointLoadError, match='has no digest'):
+        AdapterBank(build(classifier_cfg(pretrained))).add('x', path)
+    publish = load_tool('tools/model_converters/publish_model.py')
+    with pytest.raises(CheckpointLoadError, match='has no digest'):
+        publish.publish(path, str(tmp_path / 'published.pth'))
 
 
 def test_a_record_of_another_backbone_type_says_so(trained_classifier, detector):  # noqa: F811

@@ -19,9 +19,9 @@ from mmengine.runner import load_checkpoint
 from demo.vtab_task import prepare_cls_demo
 from model_converters.vit_to_mmpretrain import convert, save_backbone
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
-from moppa_mm.models.backbones.adapter_state import (AdapterRecordMismatchError,
-                                                     PretrainedMismatchError, encode_record)
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
+from moppa_mm.models.backbones.adapter_record import encode_record
+from moppa_mm.models.backbones.load_check import AdapterRecordMismatchError, PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
 from tests.conftest import REPO, child_env
 
@@ -37,7 +37,7 @@ def demo(tmp_path_factory):
     are relative to it): the converted pre-trained ViT, a copy with one NaN,
     an adapter-only fine-tuned checkpoint (adapters + head) with one NaN in a
     MoPPA tensor, and the model's own adapter-only checkpoint (with its
-    digest) whose head changed after the save."""
+    digest) whose head changed after the save, also with its digest removed."""
     root = tmp_path_factory.mktemp('cls_demo')
     paths = prepare_cls_demo(str(root / 'data/vtab_demo'))
     save_backbone(convert(paths['mae_checkpoint'], 'mae'), str(root / PRETRAINED), 'mae')
@@ -57,6 +57,10 @@ def demo(tmp_path_factory):
     state = model.state_dict()  # as every tool saves it: adapter-only, with the digest
     state['head.layers.head.weight'].view(-1)[:4] += 0.25  # a disk or copy error
     torch.save({'state_dict': state, 'meta': {}}, root / 'damaged_adapter.pth')
+    record = read_adapter_record(state)
+    del record['digest']  # the damage hidden by an edit
+    state['backbone._extra_state'] = encode_record(record)
+    torch.save({'state_dict': state, 'meta': {}}, root / 'digest_removed.pth')
     (root / 'linear_demo.py').write_text(LINEAR_DEMO)
     with chdir(root):  # the configs' paths are relative
         adapters = build_model(load_config(CONFIG)).state_dict()  # on the demo's base
@@ -184,12 +188,18 @@ def mmpretrain_test(demo, checkpoint: str, work_dir: str):
                           timeout=600)
 
 
-def test_mmpretrains_own_test_tool_refuses_damaged_trained_tensors(in_demo):
-    """Once: exit 0, top-1 41.7 instead of 33.3. The model's own check stops
-    mmpretrain's tools/test.py too."""
-    result = mmpretrain_test(in_demo, 'damaged_adapter.pth', 'work_upstream')
+NO_DIGEST = (r"MoPPAVisionTransformer: the checkpoint: its adapter record \(key "
+             r"'backbone._extra_state'\) has no digest .* edited after the save")
+
+
+@pytest.mark.parametrize('checkpoint, stop', [('damaged_adapter.pth', DAMAGED),
+                                              ('digest_removed.pth', NO_DIGEST)])
+def test_mmpretrains_own_test_tool_refuses_damaged_trained_tensors(in_demo, checkpoint, stop):
+    """Once: exit 0, top-1 41.7 instead of 33.3, also once its digest was
+    removed. The model's own check stops mmpretrain's tools/test.py too."""
+    result = mmpretrain_test(in_demo, checkpoint, 'work_upstream')
     assert result.returncode != 0, result.stdout[-2000:]
-    assert re.search(DAMAGED, result.stderr), result.stderr[-3000:]
+    assert re.search(stop, result.stderr), result.stderr[-3000:]
 
 
 LINEAR_PROBE = (r'MoPPAVisionTransformer: the checkpoint holds \d+ backbone tensors and 2 '

@@ -14,7 +14,7 @@ from mmengine.runner import Runner, load_checkpoint
 from preflight import check_config  # tools/
 
 from moppa_mm.models import read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
+from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg, tiny_detection_cfg
 from tests.test_tools.test_checkpoint_faults import load_tool
@@ -162,7 +162,7 @@ def test_adapter_only_checkpoint_takes_the_base_built_from_the_config(trained):
     cfg.model.backbone.init_cfg = None
     recorded = read_adapter_record(torch.load(trained['ckpt'], weights_only=True))
     with pytest.raises(PretrainedMismatchError,
-                       match=r"(?s)adapter-only.*no pre-trained base.*init_detector clears it.*"
+                       match=r"(?s)adapter-only.*no pre-trained base.*init_detector drops it.*"
                        rf"trained on '{recorded['base']['checkpoint']}'.*does not open it.*"
                        r'cfg_options=\{\}.*--merge-base'):
         load_checkpoint(build_detector(cfg), trained['ckpt'])

@@ -100,8 +100,8 @@ def test_an_error_not_ours_keeps_its_traceback(shapes_data, tmp_path):
 
 
 def test_our_errors_keep_their_builtin_bases():
-    from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError
-    from moppa_mm.models.backbones.adapter_state import AdapterRecordMismatchError
+    from moppa_mm.models.backbones.load_check import AdapterRecordMismatchError
+    from moppa_mm.models.backbones.training_checks import NoPretrainedBaseError
     from moppa_mm.utils.errors import InputNotFoundError, InputValueError
     assert issubclass(CheckpointLoadError, (MoPPAInputError, RuntimeError))
     assert issubclass(AdapterRecordMismatchError, RuntimeError)
@@ -218,7 +218,7 @@ def test_a_distributed_stop_exits_non_zero(shapes_data, tmp_path):
     cfg.model.backbone.moppa_cfg = dict(heat_parm='learned')
     run = train(dump_cfg(cfg, tmp_path / 'tiny.py'), tmp_path / 'work', processes=2)
     assert run.returncode == 1, run.stderr[-3000:]
-    assert "train.py: moppa_cfg has unknown option(s) ['heat_parm']" in run.stderr
+    assert "train.py: model.backbone.moppa_cfg has unknown option(s) ['heat_parm']" in run.stderr
     assert 'moppa_config.py' not in run.stderr, run.stderr[-3000:]  # no frame of ours
 
 

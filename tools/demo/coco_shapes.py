@@ -124,16 +124,18 @@ def make_swin_checkpoint(path: str, seed: int = 0, **swin_kwargs) -> str:
     """Save a randomly initialised mmdet ``SwinTransformer`` as an official-format
     checkpoint (``{'model': {layers.*: ...}}``), for ``convert_weights=True``."""
     from mmdet.models.backbones import SwinTransformer
+    from mmengine.logging import MMLogger
     torch.manual_seed(seed)
     swin = SwinTransformer(**swin_kwargs)
-    # random on purpose: without a checkpoint init_weights logs the WARNING "No
-    # pre-trained weights for SwinTransformer, training start from scratch"
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
+    # random on purpose: without a checkpoint init_weights warns "No pre-trained weights";
+    # MMLogger.setLevel clears every MMLogger's level cache (logging.disable does not)
+    logger = MMLogger.get_current_instance()
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         swin.init_weights()
     finally:
-        logging.disable(previous)
+        logger.setLevel(previous)
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     torch.save({'model': mmdet_swin_to_official(swin.state_dict())}, path)
     return path

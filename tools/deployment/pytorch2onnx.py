@@ -55,7 +55,7 @@ from mmengine.config import DictAction
 from torch.onnx import _constants as torch_onnx_limits
 
 import moppa_mm  # registries
-from moppa_mm.models.backbones.adapter_state import PretrainedMismatchError
+from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
 from moppa_mm.utils.config_files import read_config
 

@@ -33,7 +33,9 @@ import torch
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.models import full_state_dict
-from moppa_mm.models.backbones.adapter_state import RECORD_KEY, decode_record, stored_problems
+from moppa_mm.models.backbones.adapter_params import RECORD_KEY
+from moppa_mm.models.backbones.adapter_record import decode_record
+from moppa_mm.models.backbones.load_check import stored_problems
 from moppa_mm.utils.atomic import atomic_write
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 from moppa_mm.utils.errors import MoPPAInputError, show_traceback, stop
@@ -75,8 +77,8 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
         raise KeyError(f'{in_file!r} has no state_dict: not an mmengine checkpoint')
     state = checkpoint['state_dict']
     for key in [k for k, v in state.items() if k.endswith(RECORD_KEY) and decode_record(v)]:
-        _, problems = stored_problems(state, key[:-len(RECORD_KEY)],
-                                      f'checkpoint to publish {in_file!r}')
+        problems = stored_problems(state, key[:-len(RECORD_KEY)],
+                                   f'checkpoint to publish {in_file!r}')
         if problems:  # a MoPPA record whose digest the tensors no longer match
             raise problems[0]
     for key in DROPPED:

@@ -5,7 +5,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from moppa_mm.models.backbones.adapter_mixin import adapter_components, adapter_patterns
+from moppa_mm.models.backbones.adapter_params import adapter_components, adapter_patterns
 from moppa_mm.utils.params import frozen_norms, matches, parameter_table
 
 DEFAULT_COMPONENTS = adapter_components('backbone.') + (

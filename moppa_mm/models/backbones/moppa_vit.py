@@ -155,12 +155,9 @@ class ViTAdapterMixin(AdapterMixin):
 
     def adapter_options(self) -> dict:
         units = [layer.moppa for layer in self.layers if hasattr(layer, 'moppa')]
-        options = dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
-                       moppa_heads=[unit.num_heads for unit in units],
-                       grid=list(units[0].grid_size) if units else None)
-        if self.params_not_in_base:  # recorded only where there are any (earlier records)
-            options['fresh_params'] = list(self.params_not_in_base)
-        return options
+        return dict(use_moppa=self.use_moppa, use_scale_shift=self.use_scale_shift,
+                    moppa_heads=[unit.num_heads for unit in units],
+                    grid=list(units[0].grid_size) if units else None)
 
 
 @MODELS.register_module()

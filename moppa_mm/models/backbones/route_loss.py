@@ -1,12 +1,9 @@
-"""The route regularisation as part of the model (paper Eqs. 12-13).
-
+"""The route regularisation as part of the model (paper Eqs. 12-13):
 ``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, ``L_reg = sum_i a_i log
-a_i`` averaged over the backbone's units, reaches the loss dict of the model
-holding the backbone through a forward hook (:mod:`.model_hooks`), in a runner
-as in plain PyTorch; ``T`` and ``T_total`` come from the message hub of a
-running runner (epochs for runs of more than one, else iterations), or from
-:meth:`RouteLossMixin.set_route_progress` (``w`` until one is set). A model
-that returns no loss dict adds :meth:`RouteLossMixin.route_loss` itself.
+a_i`` averaged over the units, into the loss dict of the model holding the
+backbone (:func:`.model_hooks.add_route_loss`). ``T`` and ``T_total`` come from
+a running train loop (epochs for runs of more than one, else iterations), or
+:meth:`RouteLossMixin.set_route_progress`.
 """
 from typing import Optional, Tuple
 
@@ -18,12 +15,18 @@ from moppa_mm.operators import moppa_units, route_loss_weight, route_regularizat
 SCHEDULES = ('auto', 'epoch', 'iter')
 
 
-def _hub_progress(by: str) -> Optional[Tuple[int, int]]:
-    """``(T, T_total)`` from the current message hub, or None outside a run."""
-    if not MessageHub._instance_dict:  # no runner made one: plain PyTorch
-        return None
+def running_hub() -> Optional[MessageHub]:
+    """The message hub of a runner whose train loop is running (mmengine's
+    ``RuntimeInfoHook`` sets ``loop_stage``), None otherwise: plain PyTorch
+    gets mmengine's default hub, which no loop runs in."""
     hub = MessageHub.get_current_instance()
-    if hub.get_info('loop_stage') != 'train':  # set while a runner trains
+    return hub if hub.get_info('loop_stage') == 'train' else None
+
+
+def _hub_progress(by: str) -> Optional[Tuple[int, int]]:
+    """``(T, T_total)`` from the running train loop's message hub, or None."""
+    hub = running_hub()
+    if hub is None:
         return None
     max_epochs, max_iters = hub.get_info('max_epochs'), hub.get_info('max_iters')
     if by == 'epoch' or (by == 'auto' and (max_epochs or 0) > 1):

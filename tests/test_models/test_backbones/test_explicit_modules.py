@@ -1,6 +1,6 @@
 """The adapters run from modules whose forward is written out: no hooks, no
-replaced ``forward``, ``print(model)`` shows what runs, and the state-dict keys
-(and the trainable parameters' order) are those of the hook-based wiring."""
+replaced ``forward``, ``print(model)`` shows what runs, and the base keeps the
+upstream backbone's state-dict keys and parameter order."""
 import copy
 import pickle
 
@@ -9,9 +9,13 @@ import torch
 import torch.nn as nn
 from torch.nn.modules import module as torch_module
 
+from mmdet.models.backbones import SwinTransformer as DetSwin
+from mmpretrain.models.backbones import SwinTransformer as ClsSwin
+from mmpretrain.models.backbones import VisionTransformer
+
 from moppa_mm.models import (MoPPASwinTransformer, MoPPASwinTransformerCls,
                              MoPPAVisionTransformer)
-from .keys_before_explicit import SWIN_CLS_KEYS, SWIN_DET_KEYS, VIT_KEYS
+from moppa_mm.models.backbones.adapter_params import is_adapter_key
 
 SWIN_ARCH = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4))
 
@@ -26,38 +30,40 @@ def swin_cls(**kwargs):
                                    out_indices=(1, ), use_conv_adapter=True, **kwargs)
 
 
+VIT_ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
+
+
 def vit(**kwargs):
-    return MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
-                                            feedforward_channels=64),
-                                  img_size=32, patch_size=8, **kwargs)
+    return MoPPAVisionTransformer(arch=VIT_ARCH, img_size=32, patch_size=8, **kwargs)
 
 
-MODELS = {  # name: (build, input size, keys saved by the hook-based wiring)
-    'swin_det_window': (swin_det, 64, SWIN_DET_KEYS),
-    'swin_det_global': (lambda **kw: swin_det(moppa_scope='global', **kw), 64, SWIN_DET_KEYS),
-    'swin_cls': (swin_cls, 64, SWIN_CLS_KEYS),
-    'vit': (vit, 32, VIT_KEYS),
+MODELS = {  # name: (build, input size, the upstream backbone it extends)
+    'swin_det_window': (swin_det, 64, lambda: DetSwin(**SWIN_ARCH, window_size=7,
+                                                      out_indices=(0, 1))),
+    'swin_det_global': (lambda **kw: swin_det(moppa_scope='global', **kw), 64,
+                        lambda: DetSwin(**SWIN_ARCH, window_size=7, out_indices=(0, 1))),
+    'swin_cls': (swin_cls, 64, lambda: ClsSwin(arch=SWIN_ARCH, img_size=56, window_size=7,
+                                               out_indices=(1, ))),
+    'vit': (vit, 32, lambda: VisionTransformer(arch=VIT_ARCH, img_size=32, patch_size=8)),
 }
 
 
 @pytest.mark.parametrize('name', list(MODELS))
-def test_state_keys_and_parameter_order_are_those_of_the_hook_based_wiring(name):
-    """Every key the hook-based wiring saved (adapters and base, the record)
-    is saved and loaded (strictly) as it was; the parameters come in the same
-    order, so an optimizer state saved then resumes onto the same tensors."""
-    build, _, keys = MODELS[name]
-    # the lists were captured under the then default init_mode='identity' (a
-    # gate per unit); the shipped 'paper' unit saves the same keys but the gates
-    identity = dict(moppa_cfg=dict(init_mode='identity'))
+def test_the_base_keeps_the_upstream_keys_and_parameter_order(name):
+    """Without the adapters and the record, the state dict is the upstream
+    backbone's, key for key and in its order (its checkpoints load, an
+    optimizer state resumes onto the same tensors); the whole state loads
+    back strictly."""
+    build, _, upstream = MODELS[name]
     torch.manual_seed(0)
-    model = build(**identity)
+    model = build()
     state = model.state_dict()
-    assert list(state) == list(keys)
-    assert [n for n, _ in model.named_parameters()] == [k for k in keys if k in dict(
-        model.named_parameters())]
-    assert [k for k in keys if not k.endswith('.gate')] == list(build().state_dict())
+    assert [k for k in state if k != '_extra_state' and not is_adapter_key(k)] == \
+        list(upstream().state_dict())
+    assert [n for n, _ in model.named_parameters() if not is_adapter_key(n)] == \
+        [n for n, _ in upstream().named_parameters()]
     torch.manual_seed(1)
-    other = build(**identity)
+    other = build()
     other.load_state_dict(state)  # strict
     for key, value in other.state_dict().items():
         if key != '_extra_state':  # the record: now names the loaded base
@@ -86,7 +92,7 @@ def test_forward_registers_no_hooks(name):
     base is a pre-trained one), and none is global."""
     build, size, _ = MODELS[name]
     model = build(random_base=True)  # trains on its random base
-    expected = {'': ['_check_before_training']}
+    expected = {'': ['check_base']}
     assert module_hooks(model) == expected
     x = torch.randn(1, 3, size, size)
     with torch.no_grad():

@@ -8,7 +8,7 @@ from mmdet.models.backbones.swin import swin_converter
 from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer
 from moppa_mm.models import full_state_dict
-from moppa_mm.models.backbones.adapter_mixin import is_adapter_key
+from moppa_mm.models.backbones.adapter_params import is_adapter_key, parameter_breakdown
 from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
 
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4), window_size=7,
@@ -204,7 +204,7 @@ def test_deepcopy_gives_the_copy_its_own_adapters():
 def test_swin_b_budget_matches_paper():
     model = MoPPASwinTransformer(embed_dims=128, depths=[2, 2, 18, 2],
                                  num_heads=[4, 8, 16, 32], window_size=7)
-    counts = model.parameter_breakdown()
+    counts = parameter_breakdown(model)
     print('\n' + model.parameter_report())
     trainable = counts['total']['trainable']
     assert abs(trainable / 3.18e6 - 1) < 0.05, trainable
@@ -297,7 +297,7 @@ def test_adapters_of_another_model_are_named_as_such():
     """A checkpoint whose adapters are all another model's (a ViT's given to
     the Swin) is called a checkpoint of another model, not a partial one."""
     from moppa_mm.models.backbones import MoPPAVisionTransformer
-    from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError
+    from moppa_mm.models.backbones.load_check import PretrainedMismatchError
     vit = MoPPAVisionTransformer(arch=dict(embed_dims=32, num_layers=1, num_heads=2,
                                            feedforward_channels=64),
                                  img_size=32, patch_size=8)

@@ -4,6 +4,7 @@ from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
 from moppa_mm.models import MoPPAVisionTransformer
+from moppa_mm.models.backbones.adapter_params import parameter_breakdown
 
 TINY = dict(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
                       feedforward_channels=64), img_size=32, patch_size=8)
@@ -120,7 +121,7 @@ def test_trainable_set_and_gradients():
 def test_vit_b_budgets_match_the_paper():
     model = MoPPAVisionTransformer(arch='b', img_size=224, patch_size=16)
     print('\n' + model.parameter_report())
-    adapters = model.parameter_breakdown()['total']['trainable']
+    adapters = parameter_breakdown(model)['total']['trainable']
     head = lambda classes: 768 * classes + classes  # noqa: E731
     vtab = adapters + sum(head(c) for c in VTAB_TASKS.values()) / len(VTAB_TASKS)
     fgvc = adapters + sum(head(c) for c, _ in FGVC_DATASETS.values()) / len(FGVC_DATASETS)
@@ -135,7 +136,7 @@ def test_vit_b_budgets_match_the_paper():
 
 def test_vit_l_builds():
     model = MoPPAVisionTransformer(arch='l', img_size=224, patch_size=16)
-    counts = model.parameter_breakdown()
+    counts = parameter_breakdown(model)
     # heat, wave, poisson L*N + C/N each, router 3 (init_mode='paper': no gate)
     assert counts['moppa']['trainable'] == 24 * (3 * (196 * 16 + 1024 // 16) + 3)
     assert counts['pretrained']['trainable'] == 0

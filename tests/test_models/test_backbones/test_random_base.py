@@ -7,7 +7,8 @@ pre-trained."""
 import pytest
 import torch
 
-from moppa_mm.models.backbones.adapter_mixin import NoPretrainedBaseError, full_state_dict
+from moppa_mm.models.backbones.adapter_mixin import full_state_dict
+from moppa_mm.models.backbones.training_checks import NoPretrainedBaseError
 from tests.conftest import logged_messages
 from .test_explicit_modules import MODELS
 
@@ -82,7 +83,7 @@ def test_an_init_cfg_that_misses_its_type_or_prefix_names_the_line(tmp_path):
     without an ``init_cfg`` gives one with no type (mmengine: a bare
     KeyError 'type'); a whole-model file given without its prefix restores
     nothing. Each is named with the line that fixes it."""
-    from moppa_mm.models.backbones.adapter_state import PretrainedMismatchError
+    from moppa_mm.models.backbones.load_check import PretrainedMismatchError
     build = MODELS['vit'][0]
     init_cfg, _ = base_file(build, tmp_path)
     with pytest.raises(ValueError, match=r"names a checkpoint but no type.*"
