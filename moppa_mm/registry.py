@@ -5,25 +5,8 @@ MMPretrain's and MMDetection's registries (and mmengine's, for the hooks), so
 each registry here is a child of MMPretrain's, whose lookups fall through to
 it and to mmengine's root.
 """
-import warnings
-from typing import Callable, Optional
-
 from mmengine.registry import Registry
 from mmpretrain import registry as mmpretrain_registry
-
-
-def register_old_name(registry: Registry, old: str, cls: type,
-                      build: Optional[Callable] = None) -> None:
-    """Let configs build ``cls`` (by ``build``, if given) by its name of the
-    previous release, ``old``, with a ``FutureWarning``; the old name goes in
-    the next release."""
-
-    def build_by_old_name(*args, **kwargs):
-        warnings.warn(f'{old} is renamed {cls.__name__}; the old name will be removed '
-                      'in the next release', FutureWarning)
-        return (build or cls)(*args, **kwargs)
-
-    registry.register_module(old, module=build_by_old_name)
 
 
 def _child(name: str) -> Registry:

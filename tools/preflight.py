@@ -290,18 +290,6 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
             f'was trained with, or set model.backbone.type={backbone!r}.')
 
 
-def _check_moved_options(cfg) -> None:
-    """Options that moved into the model: a config that still sets them would
-    train without them, silently."""
-    if 'route_loss_weight' in cfg and list(_moppa_backbones(cfg.get('model') or {})):
-        raise InputValueError(
-            f'route_loss_weight = {cfg.route_loss_weight!r} at the top level of the '
-            'config has no effect: the route regularisation is the MoPPA '
-            'backbone\'s own. Set model.backbone.route_loss_weight='
-            f'{cfg.route_loss_weight!r} instead (--cfg-options '
-            f'model.backbone.route_loss_weight={cfg.route_loss_weight!r}).')
-
-
 def _check_amp_device(cfg) -> None:
     """mmengine's ``AmpOptimWrapper`` (``--amp`` sets it) asserts a GPU (or an
     NPU, MLU or MUSA device) when the Runner builds it, after the model and
@@ -463,7 +451,6 @@ def check_config(cfg, mode: str = 'train') -> None:
                 'backbone', {}).get('type') if where.startswith('model.backbone.') else None)
         else:
             _check_adapter_checkpoint_fits(cfg, where, path, checkpoint)
-    _check_moved_options(cfg)
     for where, ds in _datasets(cfg, mode):
         preflight = _dataset_method(ds.get('type'), 'preflight')
         if preflight is not None:

@@ -470,8 +470,6 @@ def from_plain(obj: Any) -> Any:
             return _decode_ndarray(obj)
         if kind == 'npscalar':
             return _decode_ndarray(obj['value'])[()]
-        if kind == 'tuple':  # as written before tuples were kept as tuples
-            return tuple(from_plain(v) for v in obj['items'])
         if kind == 'HistoryBuffer':
             return HistoryBuffer(_decode_ndarray(obj['log']),
                                  _decode_ndarray(obj['count']),

@@ -159,7 +159,7 @@ def test_import_only_registers():
         'assert DET_MODELS.get("MoPPASwinTransformer") is not None\n'
         'assert CLS_MODELS.get("MoPPAVisionTransformer") is not None\n'
         'assert DATASETS.get("VTAB1k") is not None\n'
-        'assert HOOKS.get("RouteRegularizationHook") is not None\n'
+        'assert HOOKS.get("RouteWeightLoggerHook") is not None\n'
         'assert MODULE2PACKAGE["moppa_mm"] == "moppa_mm.version"\n'
         'print("only registered")')
     assert result.returncode == 0, result.stderr[-2000:]

@@ -10,8 +10,6 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 from moppa_mm.operators import MoPPAUnit
-from moppa_mm.registry import register_old_name
-from moppa_mm.utils.errors import InputValueError
 
 
 def stage_of(unit_name: str) -> str:
@@ -64,14 +62,3 @@ class RouteWeightLoggerHook(Hook):
             weights = mean_route_weights(model)
             if weights:  # none without MoPPA units (use_moppa=False)
                 runner.visualizer.add_scalars(weights, step=runner.iter + 1)
-
-
-def _old_name(log_interval: Optional[int] = None, loss_weight: Optional[float] = None):
-    if loss_weight is not None:
-        raise InputValueError(
-            'RouteRegularizationHook no longer takes loss_weight: the route loss is '
-            f'the MoPPA backbone\'s; set model.backbone.route_loss_weight={loss_weight}')
-    return RouteWeightLoggerHook(log_interval)
-
-
-register_old_name(HOOKS, 'RouteRegularizationHook', RouteWeightLoggerHook, _old_name)

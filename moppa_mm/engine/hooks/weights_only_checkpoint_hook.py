@@ -4,7 +4,6 @@ from typing import Dict, Iterator, Tuple
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from moppa_mm.registry import register_old_name
 from moppa_mm.utils.checkpoints import from_plain, to_plain
 
 # where the names of the functions left out of the schedulers' states go
@@ -106,6 +105,3 @@ class WeightsOnlyCheckpointHook(Hook):
                 'WeightsOnlyCheckpointHook: the resumed schedulers keep the functions '
                 'built from this run\'s config, which differ from the '
                 'checkpoint\'s: ' + '; '.join(changed))
-
-
-register_old_name(HOOKS, 'PlainCheckpointHook', WeightsOnlyCheckpointHook)
