@@ -48,7 +48,7 @@ _register_config_scope()
 def _allow_runner_checkpoints() -> None:
     """Checkpoints that any mmengine Runner writes load with torch's default
     ``weights_only=True`` (a registration with torch, nothing patched)."""
-    from .utils.checkpoints import allow_runner_checkpoints
+    from .utils.safe_globals import allow_runner_checkpoints
     allow_runner_checkpoints()
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from launch import load_config  # tools/
+from preflight import load_config  # tools/
 
 from tests.conftest import PYTHON, REPO, child_env, dump_cfg
 from tests.test_configs.test_every_config_runs import (  # noqa: F401  fixture
@@ -220,18 +220,3 @@ def test_resume_with_a_changed_config_names_what_the_checkpoint_overrides(
     assert 'the checkpoint was trained with the AdamW optimizer, the config has Adam' \
            in refused.stderr, refused.stderr[-3000:]
     assert not osp.exists(osp.join(tmp_path, 'epoch_3.pth'))
-
-
-def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys):
-    """An auto-resume script's first run: it trains from the beginning (as
-    mmengine does), and the log says why instead of a bare 'None'."""
-    from launch import resume_latest
-    from mmengine.config import Config
-    from mmengine.logging import MMLogger
-    MMLogger.get_instance(f'resume_note_{tmp_path.name}')  # handlers on captured streams
-    cfg = Config(dict(resume=True, work_dir=str(tmp_path)))
-    resume_latest(cfg)
-    assert cfg.get('load_from') is None
-    out = capsys.readouterr()
-    assert f'--resume: nothing to resume in {tmp_path} (no checkpoint): training starts ' \
-           'from the beginning' in out.out + out.err

@@ -227,7 +227,7 @@ def test_a_seg_head_of_another_class_count_is_one_line(tmp_path, monkeypatch):
     IndexError at the first iteration): the segmentation demo, 5 classes."""
     pytest.importorskip('mmseg', reason='the seg extra (mmsegmentation) is not installed')
     from demo.ade_scenes import DEMO_SWIN, make_ade20k_scenes, make_mmseg_swin_checkpoint
-    from launch import load_config
+    from preflight import load_config
     from preflight import check_config
     root = tmp_path / 'data' / 'ade_demo'
     make_ade20k_scenes(str(root), num_train=2, num_val=1)

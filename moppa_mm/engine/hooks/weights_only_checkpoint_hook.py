@@ -4,7 +4,7 @@ from typing import Dict, Iterator, Tuple
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from moppa_mm.utils.checkpoints import from_plain, to_plain
+from moppa_mm.utils.runner_state import from_plain, to_plain
 
 # where the names of the functions left out of the schedulers' states go
 SCHEDULER_FUNCTIONS = 'scheduler_functions'
@@ -34,13 +34,13 @@ class WeightsOnlyCheckpointHook(Hook):
     The Runner puts mmengine ``HistoryBuffer`` objects (message hub) and numpy
     arrays and scalars (random states, logged values) into its checkpoints.
     ``before_save_checkpoint`` turns everything besides ``state_dict`` into
-    tagged plain containers (:func:`~moppa_mm.utils.checkpoints.to_plain`);
+    tagged plain containers (:func:`~moppa_mm.utils.runner_state.to_plain`);
     ``after_load_checkpoint`` decodes them before the Runner reads
     ``message_hub`` and ``meta``. The priority is the lowest, so the hook saves
     after every other hook has added its state and loads after them: hooks
     that run before it on load see the encoded form, and a reference they keep
     to a dict or list of the checkpoint sees it decoded in place
-    (:func:`~moppa_mm.utils.checkpoints.from_plain` is also safe to call on
+    (:func:`~moppa_mm.utils.runner_state.from_plain` is also safe to call on
     already decoded values).
 
     A parameter scheduler's state holds every attribute of the scheduler;

@@ -29,9 +29,10 @@ from torch.nn.modules.module import register_module_module_registration_hook
 
 from moppa_mm.operators import MoPPAUnit, moppa_units
 from moppa_mm.operators.tracing import is_capturing
-from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable, short_repr
+from moppa_mm.utils.release_formats import check_converted
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import model_hooks
