@@ -1,7 +1,9 @@
 """Runner state as tensors and plain containers: what a Runner checkpoint
 holds besides the weights (message hub, optimizer, schedulers, meta) encoded
 so that ``torch.load(weights_only=True)`` reads it without moppa_mm
-(:func:`to_plain`, :func:`from_plain`)."""
+(:func:`to_plain`, :func:`from_plain`), and a digest of it
+(:func:`runner_state_digest`) that a resume checks before it restores it."""
+import hashlib
 from collections import OrderedDict
 from typing import Any, List, Optional, Tuple
 
@@ -122,3 +124,39 @@ def from_plain(obj: Any) -> Any:
     elif isinstance(obj, tuple):  # rebuilt: its items may hold tagged values
         return tuple(from_plain(v) for v in obj)
     return obj
+
+
+# the top-level key of a checkpoint that holds :func:`runner_state_digest`
+RUNNER_STATE_DIGEST = 'runner_state_digest'
+
+
+def runner_state_digest(checkpoint: dict) -> str:
+    """A digest of every entry of a plain-encoded checkpoint but the model
+    weights (``state_dict``, ``ema_state_dict``...: the MoPPA backbone's
+    adapter record digests its own) and the digest itself: the optimizer and
+    scheduler states, the message hub and ``meta``, i.e. what a resume
+    restores. Tensors count by dtype, shape and bytes, containers by their
+    order, everything else by its ``repr``."""
+    digest = hashlib.sha256()
+
+    def feed(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            data = obj.detach().cpu().contiguous().reshape(-1)
+            digest.update(f'T{data.dtype}{tuple(obj.shape)};'.encode())
+            digest.update(data.view(torch.uint8).numpy())
+        elif isinstance(obj, dict):
+            digest.update(f'D{len(obj)};'.encode())
+            for key, value in obj.items():
+                digest.update(f'{key!r}:'.encode())
+                feed(value)
+        elif isinstance(obj, (list, tuple)):
+            digest.update(f'{type(obj).__name__}{len(obj)};'.encode())
+            for value in obj:
+                feed(value)
+        else:
+            digest.update(f'{type(obj).__name__}:{obj!r};'.encode())
+
+    for key, value in checkpoint.items():
+        if key != RUNNER_STATE_DIGEST and not key.endswith('state_dict'):
+            feed({key: value})
+    return digest.hexdigest()[:32]

@@ -85,7 +85,7 @@ def toy_runner(work_dir, name, resume, custom_hooks=()):
                  default_hooks=dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1,
                                                     max_keep_ckpts=1)),
                  custom_hooks=list(custom_hooks))
-    return Runner(**train, cfg=dict(resume=resume))  # as every tool builds it: from a config
+    return Runner(**train)
 
 
 def test_resume_with_nothing_to_resume_says_so(tmp_path, capsys):

@@ -93,6 +93,13 @@ def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
                           f'checkpoint in the work dir, {found[-1][2]}')
 
 
+def resume_settings(runner) -> Tuple[bool, Optional[str]]:
+    """``(resume, load_from)`` of a Runner as it was built: mmengine keeps them
+    in private attributes alone (its config holds them only where the Runner
+    was built from one), so they are read here, in one place."""
+    return bool(getattr(runner, '_resume', False)), getattr(runner, '_load_from', None)
+
+
 @HOOKS.register_module()
 class AtomicCheckpointHook(CheckpointHook):
     """``CheckpointHook`` (same arguments) with crash-safe writes into a local
@@ -104,12 +111,10 @@ class AtomicCheckpointHook(CheckpointHook):
         """``--resume`` without a file: where ``last_checkpoint`` is missing or
         names a file that is gone, point it at the newest complete checkpoint
         (:func:`checkpoint_to_resume`) before the Runner follows it; say so,
-        and say so where there is nothing to resume. The Runner's config
-        tells (every tool builds it from one); a Runner built without one
-        resumes as mmengine does."""
-        cfg = runner.cfg
-        if not cfg.get('resume') or cfg.get('load_from') or not isinstance(
-                get_file_backend(runner.work_dir), LocalBackend):
+        and say so where there is nothing to resume."""
+        resume, load_from = resume_settings(runner)
+        if not resume or load_from or not isinstance(get_file_backend(runner.work_dir),
+                                                     LocalBackend):
             return
         if is_main_process():
             path, note = checkpoint_to_resume(runner.work_dir)
