@@ -11,6 +11,24 @@ on the backbone: docs/design.md.
 """
 
 
+# torch.compiler.is_exporting (every forward), torch.serialization.add_safe_globals,
+# and torch.load's weights_only=True default, on which mmengine's loader relies
+MIN_TORCH = (2, 6)
+
+
+def _check_torch_version() -> None:
+    """Stop at import, in one line, on a torch older than :data:`MIN_TORCH`
+    (it would fail later, deep in a checkpoint load)."""
+    import torch
+    found = tuple(int(part) for part in torch.__version__.split('+')[0].split('.')[:2])
+    if found < MIN_TORCH:
+        raise ImportError(f'moppa_mm needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found '
+                          f'{torch.__version__}: install a newer torch (README, "Install")')
+
+
+_check_torch_version()
+
+
 def _torchvision_ops_missing(error: BaseException) -> ImportError:
     """The error for a torchvision whose compiled ops do not load (its CUDA-only
     0.28.0 build on a CPU torch): mmdet's and mmpretrain's imports die in
