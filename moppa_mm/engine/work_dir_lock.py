@@ -3,8 +3,9 @@ resume started while the first still trains) overwrite each other's
 checkpoints and both exit 0. The lock is an exclusive ``flock`` on the
 work-dir folder itself (deleting a file cannot lift it; the kernel drops it
 when the process ends, however it ends); ``<work_dir>/.moppa_train.lock``
-names the holder. Taken by our ``tools/train.py`` before the Runner is built,
-and by :class:`WorkDirLockRunner` under mmdet's and mmpretrain's own tools.
+names the holder. Taken in one place, :class:`WorkDirLockRunner` (the
+config's ``runner_type``, set by ``configs/_base_/safe_training.py``), under
+every tool.
 """
 import contextlib
 import errno
