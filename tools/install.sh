@@ -19,19 +19,21 @@ stamp_inputs() {
   cat "$ROOT/requirements/constraints.txt" "$ROOT/setup.py" "$ROOT/tools/install.sh" | sha256sum | cut -d' ' -f1
 }
 STAMP="$VENV/.moppa_mm_install_stamp"
-# Up to date: same inputs, `import moppa_mm` (through step 4's link) gives this
-# checkout's package (a checkout copied with its venv still points at the original),
-# and step 5's .pth points at this checkout.
+# Up to date: same inputs, step 4's link names this checkout's package (a checkout
+# copied with its venv still points at the original), and step 5's .pth points at this
+# checkout.
 OPS_FIX=("$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py")
-imports_this_checkout() {
-  (cd / && "$VENV/bin/python" -c "import os, sys, moppa_mm; sys.exit(os.path.realpath(
-    os.path.dirname(moppa_mm.__file__)) != os.path.realpath('$ROOT/moppa_mm'))" 2>/dev/null)
+site_packages() {
+  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+}
+linked_here() {
+  [[ -x "$VENV/bin/python" && "$(readlink -f "$(site_packages)/moppa_mm")" == "$(readlink -f "$ROOT/moppa_mm")" ]]
 }
 if [[ ! -f "$STAMP" ]]; then
   why="no install of this script's there yet"
 elif [[ "$(cat "$STAMP")" != "$(stamp_inputs)" ]]; then
   why="constraints.txt, setup.py or this script changed since its install"
-elif ! imports_this_checkout; then
+elif ! linked_here; then
   why="its moppa_mm is not this checkout's"
 elif ! "${OPS_FIX[@]}" --check >/dev/null 2>&1; then
   why="its torchvision ops fix was written from another checkout"
@@ -71,7 +73,7 @@ fi
 #    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's
 #    package (imports then go through the link: the same files). `pip uninstall`
 #    leaves the link: remove it by hand (docs/install.md).
-SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+SITE="$(site_packages)"
 if [[ -e "$SITE/moppa_mm" && ! -L "$SITE/moppa_mm" ]]; then
   echo "[install] $SITE/moppa_mm is a folder (another install?): remove it, then run again" >&2
   exit 1
@@ -84,7 +86,7 @@ ln -sfn "$ROOT/moppa_mm" "$SITE/moppa_mm"
 #    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
 "${OPS_FIX[@]}"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, mmseg.utils, moppa_mm, onnxruntime, onnxscript"
-imports_this_checkout
+(cd / && "$VENV/bin/python" -c "import moppa_mm; assert moppa_mm.__file__.startswith('$SITE/')")
 
 stamp_inputs > "$STAMP"
 echo "[install] done in $(( $(date +%s) - start )) s: $VENV"

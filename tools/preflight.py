@@ -511,7 +511,7 @@ def _check_our_type_names(cfg) -> None:
     for where, name in _registered_types(cfg.to_dict(), ''):
         if name in ours or '.' in name:  # scope.Name: mmengine's own lookup
             continue
-        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.85)
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.9)  # not upstream names
         if close and all(name not in registry.module_dict for registry in registries):
             raise InputValueError(f'{where} = {name!r} is not a registered type: did you '
                                   f'mean {close[0]!r}?')
