@@ -413,27 +413,13 @@ def _load_from_name(cfg, mode: str) -> str:
 
 
 def check_config(cfg, mode: str = 'train') -> None:
-    """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
-    safely or holds NaN / infinite values, ``CheckpointLoadError``; for a
-    release not converted to the ``init_cfg`` prefix, ``SourceFormatError``)
-    naming the first bad local input, and ``ValueError`` naming the config
-    keys of a model that does not fit its data or sets an option that moved
-    into the model.
-
-    Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
-    ``load_from`` (the checkpoint to test or resume from) as every loader will
-    (``weights_only=True``, storage mapped), checks that every floating-point
-    tensor is finite, and checks each dataset's ``data_root`` and ``ann_file`` (and the
-    data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
-    ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
-    Also checks the class counts: a classification head against a VTAB-1K or
-    FGVC task, every bbox, mask, decode and auxiliary head against an mmdet or
-    mmseg data set's classes (and those against a COCO file's categories);
-    that ``work_dir`` is no file; that a config with a MoPPA backbone does
-    not set the old top-level ``route_loss_weight``; that no pre-trained base
-    is a MoPPA adapter-only checkpoint; and, for training, that an
-    ``AmpOptimWrapper`` has a GPU to run on.
-    """
+    """Raise one of our errors (:class:`MoPPAInputError`) naming the first bad
+    local input of ``mode`` ('train' or 'test'), the list in docs/checks.md:
+    a mistyped type; the checkpoints (pre-trained ``init_cfg`` and ``load_from``,
+    loaded as every loader will: safe, whole, finite; converted; no adapter
+    checkpoint as a base); the data roots and annotation files; the heads'
+    class counts against the data; ``work_dir``; ``--amp`` without a GPU.
+    Remote paths (URLs) are left to the loaders."""
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
     _check_our_type_names(cfg)

@@ -29,15 +29,13 @@ sizes other than the export's and compares it with the PyTorch model as
 loaded (unmerged).
 
 Refused before any export, in one line: a ``--shape`` that is not positive or
-that the model refuses (a merged ViT at another size than its ``img_size``;
-a size the patch or window does not divide is padded by the model, as in
-PyTorch), an ``--opset`` outside what the exporter writes for the backbone
-(:func:`lowest_opset`, :func:`highest_opset`). The opset reported is the one
-read back from the written file. A file whose opset is not the one asked for,
+that the model refuses, an ``--opset`` outside what the exporter writes for
+the backbone (:func:`lowest_opset`, :func:`highest_opset`). The graph is
+written as the checkpoints are (a temporary file, renamed once every check
+passed): one whose opset (read back from the file) is not the one asked for,
 that the exporter or ``onnx.checker`` fails on, or that fails ``--verify``
-(another number or shape of outputs, an onnxruntime error, a max absolute
-difference above ``--atol``, 1e-4 by default) is deleted, and the tool exits
-with the reason.
+(outputs, an onnxruntime error, a difference above ``--atol``) is not
+written, and the tool exits with the reason (docs/deploy.md).
 
 Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime): ``pip install -e .[deploy]``.
 """
