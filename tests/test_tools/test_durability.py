@@ -164,9 +164,10 @@ def test_second_run_in_a_work_dir_is_refused_while_the_first_lives(
 @pytest.mark.parametrize('tool', ['ours', 'mmpretrain'])
 def test_resume_finds_the_checkpoint_last_checkpoint_does_not_name(
         generated, tmp_path, tool):  # noqa: F811  the imported fixture
-    """Killed after epoch_1.pth was renamed into place, before the first
-    last_checkpoint was written: --resume goes on from epoch 1, under our
-    tools and mmpretrain's own (the checkpoint hook's before_run)."""
+    """Killed after epoch_1.pth was renamed into place, half-way through the
+    first last_checkpoint (mmengine writes it in place): --resume goes on from
+    epoch 1, under our tools and mmpretrain's own (the checkpoint hook's
+    before_run points last_checkpoint at it)."""
     cfg = tiny_family_config(FAMILIES['vtab1k'], generated, tmp_path, max_epochs=2)
     config = dump_cfg(cfg, tmp_path / 'tiny.py')
     cfg.custom_imports.imports = list(cfg.custom_imports.imports) + [
@@ -175,16 +176,18 @@ def test_resume_finds_the_checkpoint_last_checkpoint_does_not_name(
     env['MOPPA_KILL_IN_WRITE'] = 'last_checkpoint'
     killed = train(dump_cfg(cfg, tmp_path / 'killed.py'), tmp_path, env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert not osp.exists(osp.join(tmp_path, 'last_checkpoint'))
+    with open(osp.join(tmp_path, 'last_checkpoint')) as f:
+        half = f.read()
     first = osp.join(tmp_path, 'epoch_1.pth')
+    assert first.startswith(half) and half != first  # names no file
     assert torch.load(first, weights_only=True)['meta']['epoch'] == 1
 
     resume = train if tool == 'ours' else upstream_train
     resumed = resume(config, tmp_path, '--resume')
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = resumed.stdout + resumed.stderr
-    note = (f'--resume: no {tmp_path}/last_checkpoint; resuming from the newest '
-            f'complete checkpoint in the work dir, {first}')
+    note = (f'--resume: {tmp_path}/last_checkpoint names {half!r}, which is gone; resuming '
+            f'from the newest complete checkpoint in the work dir, {first}')
     assert log.count(note) == 1, log[-3000:]
     assert not re.search(r'Epoch\(train\) +\[1\]', log), log[-3000:]  # not retrained
     assert re.search(r'Epoch\(train\) +\[2\]', log), log[-3000:]
