@@ -66,7 +66,7 @@ setup(
                                '.mim/model-index.yml']},
     python_requires='>=3.8',
     install_requires=[
-        'torch>=2.0',
+        'torch>=2.6',  # checked at import too (moppa_mm.MIN_TORCH)
         'mmengine>=0.10.0,<1.0',
         'mmcv>=2.0.0,<2.2.0',  # mmdet 3.3.0 asserts mmcv < 2.2.0
         'mmdet>=3.3.0,<3.4.0',

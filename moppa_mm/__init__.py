@@ -12,6 +12,24 @@ effects".
 """
 
 
+# torch.compiler.is_exporting (every forward), torch.serialization.add_safe_globals,
+# and torch.load's weights_only=True default, on which mmengine's loader relies
+MIN_TORCH = (2, 6)
+
+
+def _check_torch_version() -> None:
+    """Stop at import, in one line, on a torch older than :data:`MIN_TORCH`
+    (it would fail later, deep in a checkpoint load)."""
+    import torch
+    found = tuple(int(part) for part in torch.__version__.split('+')[0].split('.')[:2])
+    if found < MIN_TORCH:
+        raise ImportError(f'moppa_mm needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, found '
+                          f'{torch.__version__}: install a newer torch (README, "Install")')
+
+
+_check_torch_version()
+
+
 def _torchvision_ops_missing(error: BaseException) -> ImportError:
     """The error for a torchvision whose compiled ops do not load (its CUDA-only
     0.28.0 build on a CPU torch): mmdet's and mmpretrain's imports die in
@@ -49,7 +67,7 @@ _register_config_scope()
 def _allow_runner_checkpoints() -> None:
     """Checkpoints that any mmengine Runner writes load with torch's default
     ``weights_only=True`` (a registration with torch, nothing patched)."""
-    from .utils.checkpoints import allow_runner_checkpoints
+    from .utils.safe_globals import allow_runner_checkpoints
     allow_runner_checkpoints()
 
 

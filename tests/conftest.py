@@ -13,7 +13,7 @@ keep_freed_memory()  # as tools/train.py does on CPU: no page faults per step
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOLS = osp.join(REPO, 'tools')
-# the tools' own modules (launch, preflight, cpu_distributed, analysis/...) are
+# the tools' own modules (preflight, cpu_distributed, analysis/...) are
 # imported by their plain names, as the scripts in tools/ import them; appended,
 # so that tools/test.py does not shadow the standard library's ``test``
 if TOOLS not in sys.path:

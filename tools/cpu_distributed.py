@@ -6,7 +6,7 @@ fail without CUDA. :func:`setup_distributed` starts the gloo process group
 itself (so the Runner sees it initialised and skips ``init_dist``) and selects
 :class:`CPUDistributedDataParallel`, which drops ``device_ids``. Where CUDA is
 available both are no-ops and mmengine's own path runs unchanged. Used by
-``tools/launch.py``; importing this module registers the wrapper.
+``tools/preflight.py``; importing this module registers the wrapper.
 """
 import os
 

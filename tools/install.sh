@@ -19,17 +19,22 @@ stamp_inputs() {
   cat "$ROOT/requirements/constraints.txt" "$ROOT/setup.py" "$ROOT/tools/install.sh" | sha256sum | cut -d' ' -f1
 }
 STAMP="$VENV/.moppa_mm_install_stamp"
-# Up to date: same inputs, the editable install is of this checkout with the link of
-# step 4 in place (a later `pip install -e .` by hand removes it; a checkout copied with
-# its venv still points at the original), and step 5's .pth points at this checkout.
-SITE_LINK=("$VENV/bin/python" "$ROOT/tools/site_link.py")
+# Up to date: same inputs, step 4's link names this checkout's package (a checkout
+# copied with its venv still points at the original), and step 5's .pth points at this
+# checkout.
 OPS_FIX=("$VENV/bin/python" "$ROOT/tools/torchvision_ops_fix.py")
+site_packages() {
+  "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+}
+linked_here() {
+  [[ -x "$VENV/bin/python" && "$(readlink -f "$(site_packages)/moppa_mm")" == "$(readlink -f "$ROOT/moppa_mm")" ]]
+}
 if [[ ! -f "$STAMP" ]]; then
   why="no install of this script's there yet"
 elif [[ "$(cat "$STAMP")" != "$(stamp_inputs)" ]]; then
   why="constraints.txt, setup.py or this script changed since its install"
-elif ! why="$("${SITE_LINK[@]}" --check 2>&1 >/dev/null)"; then
-  why="${why:-moppa_mm is not installed}"
+elif ! linked_here; then
+  why="its moppa_mm is not this checkout's"
 elif ! "${OPS_FIX[@]}" --check >/dev/null 2>&1; then
   why="its torchvision ops fix was written from another checkout"
 else
@@ -66,8 +71,14 @@ fi
 
 # 4. openmim (`mim search/train/test moppa_mm`) looks for <site-packages>/moppa_mm/.mim,
 #    which an editable install lacks: link <site-packages>/moppa_mm to the checkout's
-#    package (listed in the install's RECORD, so `pip uninstall` removes the link).
-"${SITE_LINK[@]}"
+#    package (imports then go through the link: the same files). `pip uninstall`
+#    leaves the link: remove it by hand (docs/install.md).
+SITE="$(site_packages)"
+if [[ -e "$SITE/moppa_mm" && ! -L "$SITE/moppa_mm" ]]; then
+  echo "[install] $SITE/moppa_mm is a folder (another install?): remove it, then run again" >&2
+  exit 1
+fi
+ln -sfn "$ROOT/moppa_mm" "$SITE/moppa_mm"
 
 # 5. On a CPU-only torch, torchvision's CUDA wheel needs two op schemas before it is
 #    imported (docs/cpu_quirks.md): a .pth arms tools/torchvision_ops_fix.py at
@@ -75,7 +86,7 @@ fi
 #    tools too). A no-op where torchvision's ops load; moppa_mm itself never patches torch.
 "${OPS_FIX[@]}"
 "$VENV/bin/python" -c "import torchvision, mmcv.ops, mmdet, mmpretrain, mmseg.utils, moppa_mm, onnxruntime, onnxscript"
-"${SITE_LINK[@]}" --check
+(cd / && "$VENV/bin/python" -c "import moppa_mm; assert moppa_mm.__file__.startswith('$SITE/')")
 
 stamp_inputs > "$STAMP"
 echo "[install] done in $(( $(date +%s) - start )) s: $VENV"

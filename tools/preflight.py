@@ -1,16 +1,34 @@
-"""Checks that fail in seconds, with the culprit named, instead of hours in:
-what ``tools/train.py`` and ``tools/test.py`` run on the final config before
-the Runner is built (:func:`check_config`)."""
+"""What ``tools/train.py`` and ``tools/test.py`` share: the config read
+(:func:`load_config`), the checks that fail in seconds, with the culprit
+named, instead of hours in (:func:`check_config`, on the final config), and
+the Runner built after them (:func:`build_runner`); our verdicts print as one
+line (:func:`run_main`).
+
+A module of the tools, not of the package: the scripts import it and their
+other neighbours (``cpu_distributed``) by their plain names, as a script in
+``tools/`` sees them; the tests put ``tools/`` on ``sys.path`` the same way.
+"""
+import difflib
 import json
 import mmap
 import os
 import os.path as osp
 import re
-from typing import Iterator, List, Optional, Sequence, Tuple
+import warnings
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
-from mmengine.logging import print_log
+# setuptools 80.9 warns (a UserWarning, so it shows) each time mmengine and
+# mmcv import its pkg_resources, which they still use: two lines before every
+# run, about code that is not ours
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated', category=UserWarning)
 
-from moppa_mm.utils.errors import InputNotFoundError, InputValueError
+from mmengine.config import Config  # noqa: E402
+from mmengine.logging import print_log  # noqa: E402
+from mmengine.runner import find_latest_checkpoint  # noqa: E402
+
+from moppa_mm.utils.config_files import read_config  # noqa: E402
+from moppa_mm.utils.errors import (InputNotFoundError, InputValueError,  # noqa: E402
+                                   MoPPAInputError, show_traceback, stop)
 
 SPLITS = {
     'train': ('train_dataloader', 'val_dataloader'),
@@ -291,18 +309,6 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
             f'was trained with, or set model.backbone.type={backbone!r}.')
 
 
-def _check_moved_options(cfg) -> None:
-    """Options that moved into the model: a config that still sets them would
-    train without them, silently."""
-    if 'route_loss_weight' in cfg and list(_moppa_backbones(cfg.get('model') or {})):
-        raise InputValueError(
-            f'route_loss_weight = {cfg.route_loss_weight!r} at the top level of the '
-            'config has no effect: the route regularisation is the MoPPA '
-            'backbone\'s own. Set model.backbone.route_loss_weight='
-            f'{cfg.route_loss_weight!r} instead (--cfg-options '
-            f'model.backbone.route_loss_weight={cfg.route_loss_weight!r}).')
-
-
 def _check_amp_device(cfg) -> None:
     """mmengine's ``AmpOptimWrapper`` (``--amp`` sets it) asserts a GPU (or an
     NPU, MLU or MUSA device) when the Runner builds it, after the model and
@@ -407,51 +413,32 @@ def _load_from_name(cfg, mode: str) -> str:
     return 'load_from'
 
 
-def _latest_checkpoint(work_dir: str) -> Optional[str]:
-    """The checkpoint ``--resume`` alone resumes from (the path in
-    ``<work_dir>/last_checkpoint``, or the newest complete checkpoint where
-    that is missing or gone: ``checkpoint_to_resume``)."""
-    from moppa_mm.utils.checkpoints import checkpoint_to_resume
-    if _is_remote(work_dir):
-        return None
-    return checkpoint_to_resume(work_dir)[0]
-
-
 def check_config(cfg, mode: str = 'train') -> None:
-    """Raise ``FileNotFoundError`` (or, for a checkpoint that cannot be loaded
-    safely or holds NaN / infinite values, ``CheckpointLoadError``; for a
-    release not converted to the ``init_cfg`` prefix, ``SourceFormatError``)
-    naming the first bad local input, and ``ValueError`` naming the config
-    keys of a model that does not fit its data or sets an option that moved
-    into the model.
-
-    Loads local pre-trained checkpoints (``init_cfg`` of type Pretrained) and
-    ``load_from`` (the checkpoint to test or resume from) as every loader will
-    (``weights_only=True``, storage mapped), checks that every floating-point
-    tensor is finite, and checks each dataset's ``data_root`` and ``ann_file`` (and the
-    data-list file of mmpretrain datasets) and the evaluators' ``ann_file``, for
-    ``mode`` 'train' or 'test'. Remote paths (URLs) are left to the loaders.
-    Also checks the class counts: a classification head against a VTAB-1K or
-    FGVC task, every bbox, mask, decode and auxiliary head against an mmdet or
-    mmseg data set's classes (and those against a COCO file's categories);
-    that ``work_dir`` is no file; that a config with a MoPPA backbone does
-    not set the old top-level ``route_loss_weight``; that no pre-trained base
-    is a MoPPA adapter-only checkpoint; and, for training, that an
-    ``AmpOptimWrapper`` has a GPU to run on.
-    """
+    """Raise one of our errors (:class:`MoPPAInputError`) naming the first bad
+    local input of ``mode`` ('train' or 'test'), the list in docs/checks.md:
+    a mistyped type; the checkpoints (pre-trained ``init_cfg`` and ``load_from``,
+    loaded as every loader will: safe, whole, finite; converted; no adapter
+    checkpoint as a base); the data roots and annotation files; the heads'
+    class counts against the data; ``work_dir``; ``--amp`` without a GPU.
+    Remote paths (URLs) are left to the loaders."""
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
+    _check_our_type_names(cfg)
     if mode == 'train':
         _check_amp_device(cfg)
     if cfg.get('work_dir') and not _is_remote(cfg.work_dir):
         _check_work_dir(cfg.work_dir)
-    from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file
+    from moppa_mm.utils.checkpoints import load_checkpoint_file
+    from moppa_mm.utils.release_formats import check_converted
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
-    elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir'):
-        latest = _latest_checkpoint(cfg.work_dir)  # what --resume alone resumes
-        if latest:
+    elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir') \
+            and not _is_remote(cfg.work_dir):
+        # what last_checkpoint names (where it names nothing whole,
+        # AtomicCheckpointHook chooses when the run starts)
+        latest = find_latest_checkpoint(cfg.work_dir)
+        if latest and osp.isfile(latest):
             checkpoints.append(('to resume from (--resume: the latest in work_dir)',
                                 latest, None))
     for where, path, prefix in checkpoints:
@@ -464,7 +451,6 @@ def check_config(cfg, mode: str = 'train') -> None:
                 'backbone', {}).get('type') if where.startswith('model.backbone.') else None)
         else:
             _check_adapter_checkpoint_fits(cfg, where, path, checkpoint)
-    _check_moved_options(cfg)
     for where, ds in _datasets(cfg, mode):
         preflight = _dataset_method(ds.get('type'), 'preflight')
         if preflight is not None:
@@ -485,3 +471,102 @@ def check_config(cfg, mode: str = 'train') -> None:
     for where, path in _evaluator_ann_files(cfg, mode):
         if not _is_remote(path) and not osp.isfile(path):
             raise InputNotFoundError(f'annotation file not found: {where} = {path!r}')
+
+
+def _registered_types(node, where: str) -> Iterator[Tuple[str, str]]:
+    """``(config key, type name)`` of every ``type`` string under ``node``."""
+    if isinstance(node, dict):
+        if isinstance(node.get('type'), str):
+            yield f'{where}.type', node['type']
+        for key, value in node.items():
+            yield from _registered_types(value, f'{where}.{key}' if where else key)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _registered_types(value, f'{where}[{i}]')
+
+
+def _check_our_type_names(cfg) -> None:
+    """A type that no registry knows, within a typo of one of moppa_mm's
+    (``MoPPASwinTransfomer``): mmengine would stop deep in the build with a
+    ``KeyError`` naming neither the key nor the name meant."""
+    from mmengine import registry as mmengine_registry
+    roots = [value for value in vars(mmengine_registry).values()
+             if isinstance(value, mmengine_registry.Registry)]
+    registries = roots + [child for root in roots for child in root.children.values()]
+    ours = sorted({name for registry in registries for name, cls in registry.module_dict.items()
+                   if getattr(cls, '__module__', '').startswith('moppa_mm')})
+    for where, name in _registered_types(cfg.to_dict(), ''):
+        if name in ours or '.' in name:  # scope.Name: mmengine's own lookup
+            continue
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.9)  # not upstream names
+        if close and all(name not in registry.module_dict for registry in registries):
+            raise InputValueError(f'{where} = {name!r} is not a registered type: did you '
+                                  f'mean {close[0]!r}?')
+
+
+def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] = None,
+                work_dir: Optional[str] = None, format_python_code: bool = True) -> Config:
+    """The config at ``path`` with the command line's options, as mmdet's
+    tools read it (``work_dir``: the argument, the config's, else
+    ``work_dirs/<config name>``). ``format_python_code=False`` skips yapf when
+    the Runner logs and dumps the config (seconds per dump for a detection
+    config)."""
+    if not osp.isfile(path):
+        raise InputNotFoundError(f'config file not found: {path!r}')
+    cfg = read_config(path)
+    if not format_python_code:  # fromfile drops this argument (mmengine 0.10)
+        cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename,
+                     format_python_code=False)
+    cfg.launcher = launcher
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
+    return cfg
+
+
+def mmpretrain_loader_defaults(cfg, loaders: Sequence[str], defaults: dict,
+                               overrides: dict) -> None:
+    """What mmpretrain's own tools do to its configs' data loaders (which are
+    written for them): ``defaults`` where the config sets none, then the
+    command line's ``overrides``."""
+    if cfg.get('default_scope') == 'mmpretrain':
+        for name in loaders:
+            if cfg.get(name) is not None:
+                cfg[name] = {**defaults, **cfg[name], **overrides}
+
+
+def build_runner(cfg, mode: str):
+    """Check the final config (:func:`check_config`), set up distributed runs
+    without CUDA (``cpu_distributed``) and the allocator of CPU runs, then
+    build the Runner as mmdet's tools do (``runner_type`` or ``Runner``)."""
+    import torch
+    from cpu_distributed import setup_distributed
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
+    from moppa_mm.utils.malloc import keep_freed_memory
+    check_config(cfg, mode=mode)
+    setup_distributed(cfg, cfg.get('launcher', 'none'))
+    if not torch.cuda.is_available():
+        keep_freed_memory()
+    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+
+
+def run_main(main: Callable[[], None], tool: str) -> None:
+    """Run a tool's ``main``: one of our verdicts on the input
+    (:class:`MoPPAInputError`: a missing file, a bad option, a damaged or
+    mismatched checkpoint) stops the process (each rank of a distributed run)
+    with ``<tool>: <message>`` on stderr and exit status 1, without a
+    traceback (``MOPPA_TRACEBACK=1`` shows it); any other exception keeps
+    its traceback. The process group, if any, is closed at the end."""
+    from cpu_distributed import shutdown_distributed
+    try:
+        main()
+    except MoPPAInputError as error:
+        if show_traceback():
+            raise
+        stop(tool, error)
+    shutdown_distributed()

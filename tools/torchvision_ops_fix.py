@@ -95,7 +95,13 @@ class _TorchvisionImportHook(importlib.abc.MetaPathFinder):
 
 
 def install_import_hook() -> None:
-    """Arm the check for the first import of torchvision (cheap: imports nothing)."""
+    """Arm the check for the first import of torchvision (cheap: imports
+    nothing), and hide setuptools 80.9's warning on each import of its
+    ``pkg_resources``, which mmengine and mmcv still use: two lines before
+    every command of the environment, about code that is not ours."""
+    import warnings
+    warnings.filterwarnings('ignore', message='pkg_resources is deprecated',
+                            category=UserWarning)
     if 'torchvision' in sys.modules or any(
             type(f).__name__ == _TorchvisionImportHook.__name__
             for f in sys.meta_path):  # one hook, whichever copy of this module

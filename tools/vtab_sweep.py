@@ -172,7 +172,7 @@ def last_checkpoints(work_root: str, tasks) -> dict:
 def test_config(path: str, work_dir: str, cfg_options):
     """The config as MMPretrain's tools/test.py makes it (no ``load_from``:
     the bank holds the weights), checked as tools/test.py checks it."""
-    from launch import load_config  # tools/
+    from preflight import load_config  # tools/
     from mmengine.config import ConfigDict
     from preflight import check_config  # tools/
     cfg = load_config(path, work_dir=work_dir)

@@ -1,10 +1,10 @@
-from .hooks import (AdapterCheckpointHook, AtomicCheckpointHook, NonFiniteLossHook,
+from .hooks import (AtomicCheckpointHook, NonFiniteLossHook,
                     PEFTFreezeHook, ResumeConfigCheckHook, RNGStateHook, RouteWeightLoggerHook,
                     WeightsOnlyCheckpointHook)
 from .optimizers import TrainableParamsOptimWrapperConstructor
 from .work_dir_lock import WorkDirLockRunner
 
-__all__ = ['AdapterCheckpointHook', 'AtomicCheckpointHook', 'NonFiniteLossHook',
+__all__ = ['AtomicCheckpointHook', 'NonFiniteLossHook',
            'PEFTFreezeHook', 'ResumeConfigCheckHook', 'RNGStateHook', 'RouteWeightLoggerHook',
            'WeightsOnlyCheckpointHook', 'TrainableParamsOptimWrapperConstructor',
            'WorkDirLockRunner']

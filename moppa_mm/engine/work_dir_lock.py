@@ -3,8 +3,9 @@ resume started while the first still trains) overwrite each other's
 checkpoints and both exit 0. The lock is an exclusive ``flock`` on the
 work-dir folder itself (deleting a file cannot lift it; the kernel drops it
 when the process ends, however it ends); ``<work_dir>/.moppa_train.lock``
-names the holder. Taken by our ``tools/train.py`` before the Runner is built,
-and by :class:`WorkDirLockRunner` under mmdet's and mmpretrain's own tools.
+names the holder. Taken in one place, :class:`WorkDirLockRunner` (the
+config's ``runner_type``, set by ``configs/_base_/safe_training.py``), under
+every tool.
 """
 import contextlib
 import errno
@@ -15,13 +16,11 @@ import os.path as osp
 import socket
 import sys
 import time
-import warnings
 from typing import Dict, Iterator, Optional
 
 from mmengine.dist import is_main_process
-from mmengine.hooks import Hook
-from mmengine.registry import HOOKS, RUNNERS
-from mmengine.runner import BaseLoop, Runner
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
 
 LOCK_NAME = '.moppa_train.lock'
 _HELD: Dict[str, int] = {}  # real path of a work dir -> this process's locked descriptor
@@ -150,25 +149,3 @@ class WorkDirLockRunner(Runner):
     def test(self) -> dict:
         self._dump_pending_config()
         return super().test()
-
-
-@HOOKS.register_module()
-class WorkDirLockHook(Hook):
-    """Deprecated: ``runner_type = 'WorkDirLockRunner'`` takes the lock before
-    the Runner writes its config. Takes it in ``before_run`` of a training run,
-    for configs that still name it."""
-
-    priority = 'VERY_HIGH'
-
-    def __init__(self) -> None:
-        warnings.warn("WorkDirLockHook is deprecated and will be removed: set runner_type = "
-                      "'WorkDirLockRunner' (configs/_base_/safe_training.py does)",
-                      FutureWarning)
-        self._lock = contextlib.ExitStack()
-
-    def before_run(self, runner) -> None:
-        if isinstance(runner._train_loop, BaseLoop):  # training, not runner.val / test
-            self._lock.enter_context(main_process_lock(runner.work_dir))
-
-    def after_run(self, runner) -> None:
-        self._lock.close()

@@ -8,7 +8,7 @@ import errno
 import io
 import os
 import os.path as osp
-from typing import Callable, List, Union
+from typing import Callable, Iterator, List, Union
 
 PARTIAL_SUFFIX = '.partial'
 _REASONS = {errno.ENOSPC: 'the disk is full', errno.EDQUOT: 'the disk quota is exceeded',
@@ -16,23 +16,20 @@ _REASONS = {errno.ENOSPC: 'the disk is full', errno.EDQUOT: 'the disk quota is e
             errno.EFBIG: 'the file is larger than allowed (ulimit -f?)'}
 
 
-def atomic_write(path: str, data: Union[bytes, str, Callable[[io.IOBase], None]],
-                 what: str = 'file') -> None:
-    """Write ``data`` (bytes, text, or a function writing to a binary file
-    object) to ``path`` atomically. On any error the temporary file is removed
-    and an ``OSError`` names ``path`` (and a full disk, a read-only folder...)."""
+@contextlib.contextmanager
+def atomic_path(path: str, what: str = 'file') -> Iterator[str]:
+    """The temporary path to write ``path``'s new content to (a writer that
+    takes a path: an exporter); on leaving the block it is fsynced and renamed
+    over ``path``. On any error the temporary file is removed and an
+    ``OSError`` names ``path`` (and a full disk, a read-only folder...)."""
     path = os.fspath(path)
     folder, name = osp.split(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     tmp = osp.join(folder, f'.{name}.{os.getpid()}{PARTIAL_SUFFIX}')
     try:
-        with open(tmp, 'wb') as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data.encode('utf-8') if isinstance(data, str) else data)
-            f.flush()
+        yield tmp
+        with open(tmp, 'rb+') as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as error:
@@ -49,6 +46,17 @@ def atomic_write(path: str, data: Union[bytes, str, Callable[[io.IOBase], None]]
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def atomic_write(path: str, data: Union[bytes, str, Callable[[io.IOBase], None]],
+                 what: str = 'file') -> None:
+    """Write ``data`` (bytes, text, or a function writing to a binary file
+    object) to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path, what) as tmp, open(tmp, 'wb') as f:
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode('utf-8') if isinstance(data, str) else data)
 
 
 def atomic_torch_save(obj, path: str, what: str = 'checkpoint') -> None:

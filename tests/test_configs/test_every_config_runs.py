@@ -1,5 +1,5 @@
 """Every shipped config runs: preflight, one real training iteration and one
-validation, through ``tools/launch.py`` as ``tools/train.py`` does.
+validation, through ``tools/preflight.py`` as ``tools/train.py`` does.
 
 Each config keeps its own data set class, pipeline (sizes shrunk), hooks,
 evaluator, optimizer and schedule; only the architecture is shrunk (a tiny ViT
@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from launch import build_runner, load_config  # tools/
+from preflight import build_runner, load_config  # tools/
 from mmpretrain.models.backbones import SwinTransformer, VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS

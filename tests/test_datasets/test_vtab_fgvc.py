@@ -72,7 +72,7 @@ def test_preflight_uses_the_dataset_class_from_the_registry(tmp_path):
 
 def test_preflight_reads_fgvc_dataset_name_as_an_argument(tmp_path):
     """FGVC's ``dataset='cub'`` is an argument, not a wrapped data set."""
-    from launch import load_config
+    from preflight import load_config
     from preflight import check_config
 
     from tests.conftest import REPO

@@ -100,7 +100,8 @@ def test_a_wrong_graph_is_refused(vit, tmp_path, monkeypatch):
     output = str(tmp_path / 'wrong.onnx')
     with pytest.raises(SystemExit, match=r'onnxruntime and PyTorch differ by up to '
                        r'[0-9.e+-]+ .*above the tolerance 0.0001: the torchscript exporter '
-                       r'gave a wrong graph \(try --exporter dynamo\); .*wrong.onnx deleted$'):
+                       r'gave a wrong graph \(try --exporter dynamo\); nothing written to '
+                       r'.*wrong.onnx$'):
         tool.main([config, checkpoint, '--output-file', output, '--exporter',
                    'torchscript', '--no-merge', '--verify'])
     assert not osp.exists(output)
@@ -201,6 +202,23 @@ def file_opset(path):
     return [o.version for o in onnx.load(path).opset_import if o.domain in ('', 'ai.onnx')]
 
 
+def test_an_export_killed_while_it_writes_leaves_the_earlier_file(vit, tmp_path):
+    """SIGKILL half-way through writing the graph (as a kill from outside, or
+    the OOM killer): the file under the output name is the earlier one, whole."""
+    import signal
+    config, checkpoint = classifier_files(vit, tmp_path)
+    killed = str(tmp_path / 'killed.py')
+    Config(dict(Config.fromfile(config).to_dict(), custom_imports=dict(
+        imports=['tests.test_tools.kill_in_write']))).dump(killed)
+    output = tmp_path / 'model.onnx'
+    output.write_text('an earlier export')
+    result = subprocess.run([PYTHON, TOOL, killed, checkpoint, '--output-file', str(output)],
+                            capture_output=True, text=True, cwd=REPO, timeout=600,
+                            env={**child_env(), 'MOPPA_KILL_IN_WRITE': 'model.onnx'})
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    assert output.read_text() == 'an earlier export'
+
+
 def test_bad_shapes_and_opsets_are_refused_before_export(vit, tmp_path, capsys):
     """One line each, and nothing written: a file already at the output path
     stays as it was."""
@@ -258,9 +276,9 @@ def test_the_opset_reported_is_the_files(vit, tmp_path, capsys, monkeypatch):
     # dynamo exporter below 18: its version conversion gives up): refused
     monkeypatch.setattr(tool, 'lowest_opset', lambda exporter, backbone: 7)
     with pytest.raises(SystemExit, match=r'--opset 7 asked, the dynamo exporter wrote '
-                       r'opset 18; .*model.onnx deleted$'):
+                       r'opset 18; nothing written to .*model.onnx$'):
         tool.main([config, checkpoint, '--output-file', output, '--opset', '7'])
-    assert not osp.exists(output)
+    assert file_opset(output) == [17]  # the earlier export, untouched
 
 
 class TwoOutputs(torch.nn.Module):
@@ -274,10 +292,10 @@ class TwoOutputs(torch.nn.Module):
 
 
 @pytest.mark.parametrize('fault', ['outputs', 'onnxruntime'])
-def test_a_graph_that_fails_verify_is_deleted(vit, tmp_path, monkeypatch, fault):
+def test_a_graph_that_fails_verify_is_not_written(vit, tmp_path, monkeypatch, fault):
     """A graph with another number of outputs than PyTorch's, and one that
     onnxruntime cannot load (an operator it does not know, written past
-    onnx.checker): the reason, the file deleted, a non-zero exit."""
+    onnx.checker): the reason, no file, a non-zero exit."""
     config, checkpoint = classifier_files(vit, tmp_path)
     output = str(tmp_path / 'model.onnx')
     if fault == 'outputs':
@@ -290,7 +308,7 @@ def test_a_graph_that_fails_verify_is_deleted(vit, tmp_path, monkeypatch, fault)
                                                             [*names, 'again'])
 
         monkeypatch.setattr(tool, 'export_module', two_outputs)
-        message = r'the graph gives 2 outputs, PyTorch 1; .*model.onnx deleted$'
+        message = r'the graph gives 2 outputs, PyTorch 1; nothing written to .*model.onnx$'
     else:
         real_export_onnx = tool.export_onnx
 
@@ -302,7 +320,7 @@ def test_a_graph_that_fails_verify_is_deleted(vit, tmp_path, monkeypatch, fault)
 
         monkeypatch.setattr(tool, 'export_onnx', unknown_operator)
         message = (r'onnxruntime cannot load the graph \(\w+: .*NoSuchOperator.*\); '
-                   r'.*model.onnx deleted$')
+                   r'.*nothing written to .*model.onnx$')
     with pytest.raises(SystemExit, match=r'^pytorch2onnx.py: ' + message) as error:
         tool.main([config, checkpoint, '--output-file', output, '--verify'])
     assert '\n' not in str(error.value.code)

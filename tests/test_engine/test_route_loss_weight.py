@@ -69,14 +69,6 @@ def test_cfg_options_set_the_route_loss_weight(demo_data, tmp_path):
     assert first_route_values(runner)[0] == 0.25
 
 
-def test_the_old_places_of_the_weight_are_refused(demo_data, tmp_path):
-    from preflight import check_config  # tools/
-    cfg = load(DEMO_CLS, demo_data, tmp_path, {'route_loss_weight': 0.25})
-    with pytest.raises(ValueError, match=r'(?s)route_loss_weight = 0.25 at the top level.*'
-                       'model.backbone.route_loss_weight=0.25'):
-        check_config(cfg)
-
-
 def test_without_moppa_trains_with_no_route_loss(demo_data, tmp_path):
     cfg = load(DEMO_CLS, demo_data, tmp_path, {'model.backbone.use_moppa': False})
     runner = Runner.from_cfg(cfg)

@@ -97,3 +97,24 @@ def test_what_cannot_be_stored_is_left_out_with_one_warning(tmp_path):
                "checkpoint['meta']['callback'] (a builtins.function); "
                "checkpoint['extra'][1] (a builtins.object)")
     assert log.count('left out of the checkpoint') == 1 and warning in log, log[-2000:]
+
+
+def test_a_resume_from_changed_optimizer_state_is_refused_naming_the_file(tmp_path):
+    """Finite, wrong bytes in what a resume restores (the optimizer's momentum
+    here) stop the resume before anything is restored; the weights alone load."""
+    import pytest
+
+    from moppa_mm.utils.checkpoints import CheckpointLoadError
+    runner, _ = build_runner(tmp_path / 'whole', 'digest whole')
+    runner.train()
+    path = str(tmp_path / 'whole/iter_4.pth')
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint['runner_state_digest']
+    momentum = next(iter(checkpoint['optimizer']['state'].values()))['momentum_buffer']
+    momentum.view(-1)[0] += 0.5  # a disk or copy error: finite, wrong
+    torch.save(checkpoint, path)
+    resumed, _ = build_runner(tmp_path / 'resumed', 'digest resumed', resume_from=path)
+    with pytest.raises(CheckpointLoadError, match=rf"checkpoint '{path}': its optimizer or "
+                       'scheduler state, message hub or meta changed since it was saved'):
+        resumed.train()
+    assert resumed.iter == 0  # nothing restored

@@ -122,13 +122,3 @@ def test_runner_writes_its_config_only_under_the_lock(held_by_another_process):
     runner = toy_runner(work_dir, 'lock not needed')
     runner.val()  # no lock to validate or test
     assert len(configs_in(work_dir)) == 1
-
-
-def test_the_deprecated_hook_still_locks_a_training_run(held_by_another_process):
-    from mmengine.runner import Runner
-    with pytest.warns(FutureWarning, match="WorkDirLockHook is deprecated.*runner_type = "
-                                           "'WorkDirLockRunner'"):
-        runner = toy_runner(held_by_another_process, 'hook refused', runner=Runner,
-                            custom_hooks=[dict(type='WorkDirLockHook')])
-    with pytest.raises(SystemExit, match='is in use by another training run'):
-        runner.train()

@@ -8,7 +8,6 @@ torch's."""
 import copy
 import re
 import struct
-import warnings
 import zipfile
 import zlib
 
@@ -200,18 +199,6 @@ def test_another_models_checkpoint_stops_naming_both(detector, tmp_path):  # noq
     load_checkpoint(new_task, mask_path, map_location='cpu')  # a warning: adapters load
     torch.testing.assert_close(new_task.backbone.stages[0].blocks[0].moppa.source_channel,
                                mask.backbone.stages[0].blocks[0].moppa.source_channel)
-
-
-def test_the_adapter_checkpoint_hook_is_a_deprecated_no_op():
-    from mmengine.registry import HOOKS
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        hook = HOOKS.build(dict(type='AdapterCheckpointHook'))
-    assert any(issubclass(w.category, FutureWarning) and 'deprecated' in str(w.message)
-               for w in caught)
-    checkpoint = {'state_dict': {'w': torch.ones(1)}}
-    hook.before_save_checkpoint(None, checkpoint)  # the model decides what it saves
-    assert list(checkpoint['state_dict']) == ['w']
 
 
 def test_an_ema_checkpoint_loads_both_ways(trained_classifier):  # noqa: F811

@@ -1,8 +1,8 @@
-"""Imported by a training subprocess (``custom_imports``): the first binary
-write to a file whose name contains ``$MOPPA_KILL_IN_WRITE`` writes half of
-its bytes, flushes and fsyncs them, then SIGKILLs the process, as a kill from
-outside in the middle of saving a checkpoint would (deterministic, however
-fast the machine writes)."""
+"""Imported by a training subprocess (``custom_imports``): the first write to
+a file whose name contains ``$MOPPA_KILL_IN_WRITE`` writes half of its bytes
+(or characters), flushes and fsyncs them, then SIGKILLs the process, as a kill
+from outside in the middle of saving a checkpoint would (deterministic,
+however fast the machine writes)."""
 import builtins
 import os
 import signal
@@ -33,8 +33,7 @@ class _HalfThenKill:
 
 def _open_then_kill(file, mode='r', *args, **kwargs):
     opened = _open(file, mode, *args, **kwargs)
-    if (TARGET and isinstance(file, (str, os.PathLike)) and 'b' in mode
-            and ('w' in mode or 'x' in mode)
+    if (TARGET and isinstance(file, (str, os.PathLike)) and ('w' in mode or 'x' in mode)
             and TARGET in os.path.basename(os.fspath(file))):
         return _HalfThenKill(opened)
     return opened

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from launch import load_config, run_tool  # tools/
+from preflight import load_config  # tools/
 from mmengine.runner import load_checkpoint
 
 from demo.vtab_task import prepare_cls_demo
@@ -22,7 +22,8 @@ from moppa_mm.models import read_adapter_record
 from moppa_mm.models.backbones.adapter_params import is_adapter_key
 from moppa_mm.models.backbones.adapter_record import encode_record
 from moppa_mm.models.backbones.load_check import AdapterRecordMismatchError, PretrainedMismatchError
-from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
+from moppa_mm.utils.checkpoints import CheckpointLoadError
+from moppa_mm.utils.release_formats import SourceFormatError
 from tests.conftest import REPO, child_env
 
 CONFIG = osp.join(REPO, 'configs/demo/moppa_vit-demo_mae-pre_vtab1k-eurosat.py')
@@ -96,6 +97,15 @@ def chdir(path):
 def in_demo(demo, monkeypatch):
     monkeypatch.chdir(demo['root'])
     return demo
+
+
+def run_tool(mode, argv):
+    """``tools/{mode}.py``'s ``main`` on ``argv``, in this process."""
+    path = osp.join(REPO, 'tools', f'{mode}.py')
+    spec = importlib.util.spec_from_file_location(f'_tool_{mode}', path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.main(argv)
 
 
 def build_model(cfg):

@@ -1,5 +1,5 @@
 """Config files that would hang or crash mmengine's parsers unnamed are refused,
-naming the file, by tools/train.py and tools/test.py (tools/launch.py)."""
+naming the file, by tools/train.py and tools/test.py (tools/preflight.py)."""
 import json
 import re
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from launch import load_config  # tools/
+from preflight import load_config  # tools/
 
 from tests.conftest import PYTHON, REPO, child_env
 

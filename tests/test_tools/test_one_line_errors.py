@@ -79,6 +79,19 @@ def test_unknown_moppa_option_is_one_line(shapes_data, tmp_path):
     assert run.returncode == 1 and 'Traceback' in run.stderr, run.stderr[-3000:]
 
 
+@pytest.mark.parametrize('tool', ['train.py', 'test.py'])
+def test_a_mistyped_type_is_one_line_with_the_type_meant(shapes_data, tmp_path, tool):
+    """The value users edit first: a typo of a MoPPA type, named with its key
+    and the registered type meant, before the Runner is built."""
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.backbone.type = 'MoPPASwinTransfomer'
+    config = dump_cfg(cfg, tmp_path / 'typo.py')
+    run = run_tool(tool, config, *(['nope.pth'] if tool == 'test.py' else []))
+    assert_one_line(run, "model.backbone.type = 'MoPPASwinTransfomer' is not a registered "
+                    "type: did you mean 'MoPPASwinTransformer'?", tool=tool)
+    assert run.stderr.count('\n') == 1, run.stderr  # nothing else: no pkg_resources warning
+
+
 def test_truncated_checkpoint_is_one_line(shapes_data, tmp_path):
     data = open(shapes_data['pretrained'], 'rb').read()
     half = tmp_path / 'half.pth'
@@ -227,7 +240,7 @@ def test_a_seg_head_of_another_class_count_is_one_line(tmp_path, monkeypatch):
     IndexError at the first iteration): the segmentation demo, 5 classes."""
     pytest.importorskip('mmseg', reason='the seg extra (mmsegmentation) is not installed')
     from demo.ade_scenes import DEMO_SWIN, make_ade20k_scenes, make_mmseg_swin_checkpoint
-    from launch import load_config
+    from preflight import load_config
     from preflight import check_config
     root = tmp_path / 'data' / 'ade_demo'
     make_ade20k_scenes(str(root), num_train=2, num_val=1)

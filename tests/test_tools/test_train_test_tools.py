@@ -246,21 +246,3 @@ def test_dist_test_two_cpu_processes_reproduces_training_ap(trained, tmp_path):
     assert result.returncode == 0, log[-3000:]
     assert 'Distributed training: True' in log
     assert same_metrics(logged_test_metrics(str(tmp_path)), val_metrics(trained['work']))
-
-
-@pytest.mark.parametrize('tool', [osp.join(REPO, 'tools/train.py'), MMDET_TRAIN,
-                                  MMPRETRAIN_TRAIN], ids=['ours', 'mmdet', 'mmpretrain'])
-def test_the_old_fragment_name_warns_where_users_see_it(tmp_path, tool):
-    """Python hides the DeprecationWarning that mmengine issues for a config's
-    ``_deprecation_`` key; the old fragment's FutureWarning shows, once, under
-    our tool and MMDetection's and MMPretrain's own (the run itself stops at
-    once: its work dir is a file)."""
-    config = tmp_path / 'old.py'
-    config.write_text(f"_base_ = [{osp.join(REPO, 'configs/_base_/moppa_guards.py')!r}]\n"
-                      "custom_imports = dict(imports=['moppa_mm'])\n")
-    (tmp_path / 'file').write_text('')
-    result = run([PYTHON, tool, str(config), '--work-dir', str(tmp_path / 'file')])
-    assert result.returncode != 0
-    assert result.stderr.count('FutureWarning: configs/_base_/moppa_guards.py is renamed '
-                               'configs/_base_/safe_training.py; the old name will be '
-                               'removed in the next release') == 1, result.stderr[-3000:]

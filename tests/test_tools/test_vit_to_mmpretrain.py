@@ -13,7 +13,8 @@ from model_converters.vit_to_mmpretrain import (convert, jax_vit_to_mmpretrain,
                                                 mae_to_mmpretrain, mocov3_to_mmpretrain,
                                                 plain_to_lora_keys, save_backbone)
 from moppa_mm.models import MoPPAVisionTransformer, full_state_dict
-from moppa_mm.utils.checkpoints import CheckpointLoadError, SourceFormatError
+from moppa_mm.utils.checkpoints import CheckpointLoadError
+from moppa_mm.utils.release_formats import SourceFormatError
 
 ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 TINY = dict(arch=ARCH, img_size=32, patch_size=8)

@@ -11,9 +11,9 @@ import torch
 from mmengine.logging import HistoryBuffer
 
 from model_converters.vit_to_mmpretrain import convert
-from moppa_mm.utils.checkpoints import (OPT_IN_ENV, CheckpointLoadError,
-                                        checkpoint_to_resume, from_plain, load_checkpoint_file,
-                                        to_plain)
+from moppa_mm.engine.hooks.atomic_checkpoint_hook import checkpoint_to_resume
+from moppa_mm.utils.checkpoints import OPT_IN_ENV, CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.runner_state import from_plain, to_plain
 from tests.conftest import PYTHON, REPO, child_env
 
 

@@ -13,7 +13,7 @@ from cpu_distributed import setup_distributed  # tools/
 from mmengine.config import Config
 from mmengine.logging import HistoryBuffer
 
-from tests.conftest import REPO, TOOLS, child_env
+from tests.conftest import PYTHON, REPO, TOOLS, child_env
 
 FIX = osp.join(TOOLS, 'torchvision_ops_fix.py')
 # the CPU stack's failure on any host: torchvision's compiled ops do not load
@@ -203,3 +203,15 @@ def test_cpu_distributed_setup(monkeypatch):
     monkeypatch.delenv('MASTER_PORT', raising=False)
     with pytest.raises(RuntimeError, match='needs \\$'):
         setup_distributed(cfg, 'pytorch')
+
+
+def test_an_old_torch_stops_the_import_in_one_line():
+    """torch older than moppa_mm.MIN_TORCH (as a CUDA machine may have):
+    ``import moppa_mm`` stops with one line naming both versions."""
+    result = subprocess.run(
+        [PYTHON, '-c', "import torch; torch.__version__ = '2.5.1+cu124'; import moppa_mm"],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        'ImportError: moppa_mm needs torch >= 2.6, found 2.5.1+cu124: install a newer '
+        'torch (README, "Install")'), result.stderr[-2000:]

@@ -29,22 +29,19 @@ sizes other than the export's and compares it with the PyTorch model as
 loaded (unmerged).
 
 Refused before any export, in one line: a ``--shape`` that is not positive or
-that the model refuses (a merged ViT at another size than its ``img_size``;
-a size the patch or window does not divide is padded by the model, as in
-PyTorch), an ``--opset`` outside what the exporter writes for the backbone
-(:func:`lowest_opset`, :func:`highest_opset`). The opset reported is the one
-read back from the written file. A file whose opset is not the one asked for,
+that the model refuses, an ``--opset`` outside what the exporter writes for
+the backbone (:func:`lowest_opset`, :func:`highest_opset`). The graph is
+written as the checkpoints are (a temporary file, renamed once every check
+passed): one whose opset (read back from the file) is not the one asked for,
 that the exporter or ``onnx.checker`` fails on, or that fails ``--verify``
-(another number or shape of outputs, an onnxruntime error, a max absolute
-difference above ``--atol``, 1e-4 by default) is deleted, and the tool exits
-with the reason.
+(outputs, an onnxruntime error, a difference above ``--atol``) is not
+written, and the tool exits with the reason (docs/deploy.md).
 
 Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime): ``pip install -e .[deploy]``.
 """
 import argparse
 import copy
 import importlib.util
-import os
 import os.path as osp
 import sys
 from typing import List, Sequence, Tuple
@@ -56,6 +53,7 @@ from torch.onnx import _constants as torch_onnx_limits
 
 import moppa_mm  # registries
 from moppa_mm.models.backbones.load_check import PretrainedMismatchError
+from moppa_mm.utils.atomic import atomic_path
 from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
 from moppa_mm.utils.config_files import read_config
 
@@ -334,23 +332,20 @@ def run(args) -> None:
     module, output_names = export_module(model, cfg)
     shape = tuple(args.shape) if args.shape else default_shape(cfg)
     check_shape(module, shape)
-    os.makedirs(osp.dirname(osp.abspath(args.output_file)), exist_ok=True)
-    try:
-        export_and_verify(args, module, output_names, reference, shape, cfg)
+    try:  # written as the checkpoints are: a killed or failed export leaves no file
+        with atomic_path(args.output_file, what='ONNX graph') as partial:
+            export_and_verify(args, partial, module, output_names, reference, shape, cfg)
     except Exception as error:  # no graph is left that failed a check
         reason = str(error) if isinstance(error, ExportError) else first_line(error)
-        if osp.exists(args.output_file):
-            os.remove(args.output_file)
-            reason += f'; {args.output_file} deleted'
-        raise ExportError(reason) from None
+        raise ExportError(f'{reason}; nothing written to {args.output_file}') from None
 
 
-def export_and_verify(args, module: nn.Module, output_names: Sequence[str],
+def export_and_verify(args, path: str, module: nn.Module, output_names: Sequence[str],
                       reference, shape: Sequence[int], cfg) -> None:
-    """Export, read the opset back, and with ``--verify`` compare with
-    PyTorch; raises on the first failure."""
-    export_onnx(module, args.output_file, shape, output_names, args.exporter, args.opset)
-    opset = written_opset(args.output_file)
+    """Export to ``path``, read the opset back, and with ``--verify`` compare
+    with PyTorch; raises on the first failure."""
+    export_onnx(module, path, shape, output_names, args.exporter, args.opset)
+    opset = written_opset(path)
     if opset != args.opset:
         raise ExportError(f'--opset {args.opset} asked, the {args.exporter} exporter wrote '
                           f'opset {opset}')
@@ -361,7 +356,7 @@ def export_and_verify(args, module: nn.Module, output_names: Sequence[str],
           f'inputs as the data preprocessor gives them ({describe_preprocessor(cfg)})')
     if reference is None:
         return
-    difference = verify_onnx(args.output_file, reference, shape)
+    difference = verify_onnx(path, reference, shape)
     if not difference <= args.atol:  # NaN fails too
         other = [e for e in EXPORTERS if e != args.exporter][0]
         raise ExportError(

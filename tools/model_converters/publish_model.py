@@ -40,8 +40,9 @@ from moppa_mm.utils.atomic import atomic_write
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 from moppa_mm.utils.errors import MoPPAInputError, show_traceback, stop
 from moppa_mm.utils.config_files import read_config
+from moppa_mm.utils.runner_state import RUNNER_STATE_DIGEST
 
-DROPPED = ('optimizer', 'message_hub', 'param_schedulers')
+DROPPED = ('optimizer', 'message_hub', 'param_schedulers', RUNNER_STATE_DIGEST)
 DROPPED_META = ('rng_state', )
 
 

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from moppa_mm.utils.atomic import atomic_torch_save
-from moppa_mm.utils.checkpoints import (LOOKS_LIKE, CheckpointLoadError, SourceFormatError,
-                                        check_finite, convert_command, identify, is_npz,
+from moppa_mm.utils.checkpoints import (CheckpointLoadError, check_finite, is_npz,
                                         load_checkpoint_file)
+from moppa_mm.utils.release_formats import (LOOKS_LIKE, SourceFormatError, convert_command,
+                                            identify)
 
 # timm block names -> mmpretrain layer names
 TIMM_TO_MMPRETRAIN = OrderedDict([

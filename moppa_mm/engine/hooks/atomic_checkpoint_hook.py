@@ -2,135 +2,143 @@
 checkpoint to resume from.
 
 mmengine's hook deletes the oldest kept checkpoint (and the previous best)
-*before* it writes the new one, in place, then rewrites ``last_checkpoint``:
-a kill during the write leaves a partial file and a ``last_checkpoint`` naming
-a deleted one. Here every checkpoint is written to a hidden temporary file,
-fsynced and renamed (:mod:`moppa_mm.utils.atomic`), ``last_checkpoint`` is
-replaced after the rename, and an old checkpoint is deleted only once the new
-one is complete. Where ``last_checkpoint`` is missing or names a file that is
-gone, ``--resume`` takes the newest complete checkpoint of the work dir.
+*before* it writes the new one, in place: a kill during the write leaves a
+partial file, and ``last_checkpoint`` naming a deleted one. Here the hook
+saves through mmengine's file-backend API (``backend_args``) with
+:class:`AtomicLocalBackend`: every checkpoint is written to a hidden temporary
+file, fsynced and renamed (:mod:`moppa_mm.utils.atomic`), and a deletion the
+hook asks for waits until the next checkpoint is complete. ``--resume``
+without a file goes on from the newest complete checkpoint where
+``last_checkpoint`` is missing or names a file that is gone
+(:func:`checkpoint_to_resume`, the one place that chooses it).
 """
+import os
 import os.path as osp
+import re
+from typing import Dict, List, Optional, Tuple
 
-from mmengine.dist import is_main_process
+from mmengine.dist import barrier, is_main_process
 from mmengine.fileio import LocalBackend, get_file_backend, register_backend
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from moppa_mm.utils.atomic import atomic_write, remove_stale_partials
-from moppa_mm.utils.checkpoints import checkpoint_to_resume
+from moppa_mm.utils.checkpoints import is_whole_checkpoint
 
 ATOMIC_BACKEND = 'moppa_atomic_local'
 
 
 class AtomicLocalBackend(LocalBackend):
-    """``LocalBackend`` whose ``put`` / ``put_text`` replace the file
-    atomically (temporary file, fsync, rename)."""
+    """``LocalBackend`` whose ``put`` replaces the file atomically (temporary
+    file, fsync, rename) and whose ``remove`` waits for the next ``put`` into
+    the same folder: an old checkpoint goes once its successor is whole."""
+
+    # folder -> files to remove after the next complete put there; shared by
+    # the instances mmengine makes (the hook's and each save's)
+    _pending_removals: Dict[str, List[str]] = {}
 
     def put(self, obj: bytes, filepath) -> None:
-        atomic_write(str(filepath), obj, what='checkpoint')
+        filepath = str(filepath)
+        atomic_write(filepath, obj, what='checkpoint')
+        for old in self._pending_removals.pop(osp.dirname(osp.abspath(filepath)), []):
+            if old != filepath and self.isfile(old):
+                super().remove(old)
 
     def put_text(self, obj: str, filepath, encoding: str = 'utf-8') -> None:
         atomic_write(str(filepath), obj.encode(encoding), what='file')
 
+    def remove(self, filepath) -> None:
+        folder = osp.dirname(osp.abspath(str(filepath)))
+        self._pending_removals.setdefault(folder, []).append(str(filepath))
+
 
 register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
+
+# the names mmengine's CheckpointHook gives interval checkpoints (its default
+# filename_tmpl), the number being the epoch or iteration
+_INTERVAL_CHECKPOINT = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
+
+
+def checkpoint_to_resume(work_dir: str) -> Tuple[Optional[str], str]:
+    """What ``--resume`` without a file resumes from, for a local work dir:
+    the checkpoint ``<work_dir>/last_checkpoint`` names (mmengine's
+    ``find_latest_checkpoint``) or, when that file is missing or names a file
+    that is gone, the newest interval checkpoint (``epoch_N.pth``,
+    ``iter_N.pth``: the largest N, then the newest) that is a whole PyTorch
+    zip archive (a file cut short by a kill is not).
+
+    Returns:
+        ``(path, note)``: ``path`` is None where there is nothing to resume
+        (mmengine then trains from scratch), and is the named, missing file
+        where no complete checkpoint replaces it (the loader then says it is
+        missing); ``note`` is a line saying which checkpoint was taken
+        instead of ``last_checkpoint``'s, empty where it was followed.
+    """
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    named = None
+    if osp.isfile(pointer):
+        with open(pointer) as f:
+            named = f.read().strip() or None
+    if named is not None and ('://' in named or osp.isfile(named)):
+        return named, ''
+    paths = [osp.join(work_dir, n) for n in (os.listdir(work_dir) if osp.isdir(work_dir)
+                                             else []) if _INTERVAL_CHECKPOINT.match(n)]
+    found = sorted((int(_INTERVAL_CHECKPOINT.match(osp.basename(p)).group(1)),
+                    osp.getmtime(p), p) for p in paths
+                   if osp.isfile(p) and is_whole_checkpoint(p))
+    if not found:
+        return named, ''
+    why = f'{pointer} names {named!r}, which is gone' if named else f'no {pointer}'
+    return found[-1][2], (f'--resume: {why}; resuming from the newest complete '
+                          f'checkpoint in the work dir, {found[-1][2]}')
+
+
+def resume_settings(runner) -> Tuple[bool, Optional[str]]:
+    """``(resume, load_from)`` of a Runner as it was built: mmengine keeps them
+    in private attributes alone (its config holds them only where the Runner
+    was built from one), so they are read here, in one place."""
+    return bool(getattr(runner, '_resume', False)), getattr(runner, '_load_from', None)
 
 
 @HOOKS.register_module()
 class AtomicCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` (same arguments) with crash-safe writes, for local
-    folders; a checkpoint folder of another backend (``s3://``...) keeps
-    mmengine's behaviour."""
-
-    def _local(self) -> bool:
-        return self.file_client_args is None and isinstance(
-            get_file_backend(self.out_dir, backend_args=self.backend_args),
-            LocalBackend)
+    """``CheckpointHook`` (same arguments) with crash-safe writes into a local
+    folder: its ``backend_args`` default to :class:`AtomicLocalBackend`'s
+    there; a folder of another backend (``s3://``...), or backend arguments
+    given, keep mmengine's behaviour."""
 
     def before_run(self, runner) -> None:
-        """``--resume`` without a file (``resume=True``, no ``load_from``):
-        where ``last_checkpoint`` is missing or names a file that is gone,
-        resume from the newest complete checkpoint (before the Runner's
-        ``load_or_resume``, which would otherwise train from scratch or stop)."""
-        if not getattr(runner, '_resume', False) or runner._load_from is not None:
+        """``--resume`` without a file: where ``last_checkpoint`` is missing or
+        names a file that is gone, point it at the newest complete checkpoint
+        (:func:`checkpoint_to_resume`) before the Runner follows it; say so,
+        and say so where there is nothing to resume."""
+        resume, load_from = resume_settings(runner)
+        if not resume or load_from or not isinstance(get_file_backend(runner.work_dir),
+                                                     LocalBackend):
             return
-        if not isinstance(get_file_backend(runner.work_dir), LocalBackend):
-            return
-        path, note = checkpoint_to_resume(runner.work_dir)
-        if note:
-            runner.logger.warning(note)
-            runner._load_from = path
+        if is_main_process():
+            path, note = checkpoint_to_resume(runner.work_dir)
+            if path is None:
+                note = (f'--resume: nothing to resume in {runner.work_dir} (no '
+                        'checkpoint): training starts from the beginning')
+            elif note:
+                atomic_write(osp.join(runner.work_dir, 'last_checkpoint'), path,
+                             what='last_checkpoint file')
+            if note:
+                runner.logger.warning(note)
+        barrier()  # the other ranks read last_checkpoint once it is right
 
     def before_train(self, runner) -> None:
-        super().before_train(runner)
-        self._atomic = self._local()
-        if not self._atomic:
+        out_dir = self.out_dir or runner.work_dir
+        local = isinstance(get_file_backend(out_dir), LocalBackend)
+        if local and self.backend_args is None and self.file_client_args is None:
+            self.backend_args = dict(backend=ATOMIC_BACKEND)
+        elif not local:
             runner.logger.warning(
-                f'AtomicCheckpointHook: {self.out_dir} is not a local folder; '
+                f'AtomicCheckpointHook: {out_dir} is not a local folder; '
                 'checkpoints there are written as mmengine writes them')
-            return
-        self.backend_args = dict(backend=ATOMIC_BACKEND)
-        self.file_backend = AtomicLocalBackend()
-        if is_main_process():
+        super().before_train(runner)
+        if local and is_main_process():
             for path in remove_stale_partials(self.out_dir):
                 runner.logger.warning(f'removed {path}, the partial checkpoint '
                                       'of a run killed while it saved')
-
-    def _save_checkpoint_with_step(self, runner, step, meta):
-        if not getattr(self, '_atomic', False):
-            return super()._save_checkpoint_with_step(runner, step, meta)
-        outdated = None
-        if self.max_keep_ckpts > 0 and not (
-                self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
-            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
-                outdated = self.keep_ckpt_ids.popleft()
-            self.keep_ckpt_ids.append(step)
-            runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
-
-        ckpt_filename = self.filename_tmpl.format(step)
-        self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
-        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-        runner.save_checkpoint(  # atomic: AtomicLocalBackend.put
-            self.out_dir, ckpt_filename, self.file_client_args,
-            save_optimizer=self.save_optimizer,
-            save_param_scheduler=self.save_param_scheduler, meta=meta,
-            by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
-        if not is_main_process():
-            return
-        # the new file is complete: point at it, then drop the outdated one
-        atomic_write(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt,
-                     what='last_checkpoint file')
-        if outdated is not None and outdated != step:
-            self._remove(self.file_backend.join_path(
-                self.out_dir, self.filename_tmpl.format(outdated)))
-
-    def _remove(self, path) -> None:
-        if self.file_backend.isfile(path):
-            self.file_backend.remove(path)
-        elif self.file_backend.isdir(path):  # deepspeed's checkpoint folders
-            self.file_backend.rmtree(path)
-
-    def _save_best_checkpoint(self, runner, metrics) -> None:
-        if not getattr(self, '_atomic', False) or not self.save_best:
-            return super()._save_best_checkpoint(runner, metrics)
-        # mmengine removes the previous best before it writes the new one: hide
-        # the previous paths from it, and remove them once the new one is written
-        single = getattr(self, 'best_ckpt_path', None)
-        per_key = dict(getattr(self, 'best_ckpt_path_dict', {}))
-        self.best_ckpt_path = None
-        self.best_ckpt_path_dict = dict.fromkeys(per_key)
-        try:
-            super()._save_best_checkpoint(runner, metrics)
-        except BaseException:  # nothing new was written: the previous ones stay
-            self.best_ckpt_path, self.best_ckpt_path_dict = single, per_key
-            raise
-        replaced = [(single, self.best_ckpt_path)] + [
-            (path, self.best_ckpt_path_dict[key]) for key, path in per_key.items()]
-        self.best_ckpt_path = self.best_ckpt_path or single  # None: not improved
-        self.best_ckpt_path_dict = {key: self.best_ckpt_path_dict[key] or path
-                                    for key, path in per_key.items()}
-        for old, new in replaced:
-            if old and new and old != new and is_main_process():
-                self._remove(old)
-                runner.logger.info(f'The previous best checkpoint {old} is removed')

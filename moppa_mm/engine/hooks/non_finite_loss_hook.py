@@ -53,7 +53,7 @@ class NonFiniteLossHook(Hook):
     mmdet-only, checks every ``interval`` iterations and names nothing. This
     hook checks each iteration's log variables (the parsed loss dict the model's
     ``train_step`` returns: ``loss`` and every ``loss_*`` term) and runs with a
-    priority above ``CheckpointHook`` and ``AdapterCheckpointHook``, so the
+    priority above ``CheckpointHook``, so the
     failing iteration's weights are never saved.
 
     Under distributed training the ranks agree through one ``all_reduce`` of a

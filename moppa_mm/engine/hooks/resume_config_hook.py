@@ -17,6 +17,8 @@ from mmengine.runner.checkpoint import find_latest_checkpoint
 from moppa_mm.utils.errors import InputValueError
 from moppa_mm.utils.params import short_repr
 
+from .atomic_checkpoint_hook import resume_settings
+
 WORLD_SIZE_KEY = 'moppa_world_size'
 # a dumped config is tens of kB; a stored text beyond this is not parsed
 MAX_STORED_CONFIG_CHARS = 8_000_000
@@ -151,7 +153,8 @@ class ResumeConfigCheckHook(Hook):
         checkpoint.setdefault('meta', {})[WORLD_SIZE_KEY] = runner.world_size
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not getattr(runner, '_resume', False) or getattr(runner, '_has_loaded', False):
+        resume, load_from = resume_settings(runner)
+        if not resume:
             return
         meta = checkpoint.get('meta') or {}
         text = meta.get('cfg')
@@ -161,7 +164,7 @@ class ResumeConfigCheckHook(Hook):
                 'it restores (optimizer and scheduler states) are not compared with '
                 'the config')
             return
-        source = (getattr(runner, '_load_from', None)
+        source = (load_from
                   or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
         try:
             old = config_values(text)

@@ -9,6 +9,8 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 from mmengine.runner import find_latest_checkpoint
 
+from .atomic_checkpoint_hook import resume_settings
+
 
 def _capture() -> dict:
     state = dict(python=random.getstate(), numpy=np.random.get_state(),
@@ -134,7 +136,8 @@ class RNGStateHook(Hook):
         checkpoint.setdefault('meta', {})['rng_state'] = states
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not getattr(runner, '_resume', False):
+        resume, load_from = resume_settings(runner)
+        if not resume:
             return
         states = checkpoint.get('meta', {}).get('rng_state')
         if states is None:
@@ -142,7 +145,7 @@ class RNGStateHook(Hook):
         if isinstance(states, dict):  # written by one process, before per-rank lists
             states = [states]
         rank, world_size = get_dist_info()
-        source = (getattr(runner, '_load_from', None)
+        source = (load_from
                   or find_latest_checkpoint(runner.work_dir) or 'the checkpoint')
         problem = remedy = None
         if len(states) != world_size:

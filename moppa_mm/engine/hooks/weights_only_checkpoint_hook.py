@@ -1,10 +1,16 @@
-"""Checkpoints that load with ``torch.load(weights_only=True)``."""
+"""Checkpoints that load with ``torch.load(weights_only=True)``, and whose
+runner state a resume checks before it restores it."""
 from typing import Dict, Iterator, Tuple
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
+from mmengine.runner import find_latest_checkpoint
 
-from moppa_mm.utils.checkpoints import from_plain, to_plain
+from moppa_mm.utils.checkpoints import CheckpointLoadError
+from moppa_mm.utils.runner_state import (RUNNER_STATE_DIGEST, from_plain, runner_state_digest,
+                                         to_plain)
+
+from .atomic_checkpoint_hook import resume_settings
 
 # where the names of the functions left out of the schedulers' states go
 SCHEDULER_FUNCTIONS = 'scheduler_functions'
@@ -34,13 +40,13 @@ class WeightsOnlyCheckpointHook(Hook):
     The Runner puts mmengine ``HistoryBuffer`` objects (message hub) and numpy
     arrays and scalars (random states, logged values) into its checkpoints.
     ``before_save_checkpoint`` turns everything besides ``state_dict`` into
-    tagged plain containers (:func:`~moppa_mm.utils.checkpoints.to_plain`);
+    tagged plain containers (:func:`~moppa_mm.utils.runner_state.to_plain`);
     ``after_load_checkpoint`` decodes them before the Runner reads
     ``message_hub`` and ``meta``. The priority is the lowest, so the hook saves
     after every other hook has added its state and loads after them: hooks
     that run before it on load see the encoded form, and a reference they keep
     to a dict or list of the checkpoint sees it decoded in place
-    (:func:`~moppa_mm.utils.checkpoints.from_plain` is also safe to call on
+    (:func:`~moppa_mm.utils.runner_state.from_plain` is also safe to call on
     already decoded values).
 
     A parameter scheduler's state holds every attribute of the scheduler;
@@ -53,6 +59,12 @@ class WeightsOnlyCheckpointHook(Hook):
     Anything else that cannot be stored is left out too (a dict drops the
     entry, a list holds ``None``), with one warning naming each place: the
     checkpoint is written whatever it holds.
+
+    The plain form is digested (:func:`~moppa_mm.utils.runner_state.runner_state_digest`,
+    ``checkpoint['runner_state_digest']``): a checkpoint whose optimizer or
+    scheduler state, message hub or ``meta`` changed since the save (a disk or
+    copy error: finite, wrong values) is refused when loaded, before the
+    Runner restores any of it, naming the file.
     """
 
     priority = 'LOWEST'
@@ -67,6 +79,7 @@ class WeightsOnlyCheckpointHook(Hook):
         left_out = []
         rest = {key: checkpoint.pop(key) for key in list(checkpoint) if key != 'state_dict'}
         checkpoint.update(to_plain(rest, 'checkpoint', left_out))
+        checkpoint[RUNNER_STATE_DIGEST] = runner_state_digest(checkpoint)
         new = [item for item in left_out if item not in self._warned]
         if new:
             self._warned.update(new)
@@ -88,11 +101,20 @@ class WeightsOnlyCheckpointHook(Hook):
         return functions
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        stored = checkpoint.get(RUNNER_STATE_DIGEST)
+        if stored is not None and stored != runner_state_digest(checkpoint):
+            source = (resume_settings(runner)[1] or find_latest_checkpoint(runner.work_dir)
+                      or 'the checkpoint loaded')
+            raise CheckpointLoadError(
+                f'checkpoint {source!r}: its optimizer or scheduler state, message hub '
+                'or meta changed since it was saved (they do not match its '
+                f'{RUNNER_STATE_DIGEST}): the file is damaged. Take another copy of it, '
+                'or an earlier checkpoint.')
         for key in list(checkpoint):
             if key != 'state_dict':
                 checkpoint[key] = from_plain(checkpoint[key])
         saved = checkpoint.get('meta', {}).get(SCHEDULER_FUNCTIONS) or {}
-        if not saved or not getattr(runner, '_resume', False):
+        if not saved or not resume_settings(runner)[0]:
             return
         live = {f'{where}.{attr}': _function_name(value)
                 for where, scheduler in _scheduler_states(runner.param_schedulers)

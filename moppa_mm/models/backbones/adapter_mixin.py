@@ -20,9 +20,10 @@ from torch.nn.modules.module import register_module_module_registration_hook
 from torch.utils.hooks import RemovableHandle
 
 from moppa_mm.operators import moppa_units
-from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file, naming_checkpoint
+from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError
 from moppa_mm.utils.params import frozen_norms, set_trainable, short_repr
+from moppa_mm.utils.release_formats import check_converted
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import load_check, model_hooks, training_checks
