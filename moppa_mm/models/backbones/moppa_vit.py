@@ -17,7 +17,6 @@ from moppa_mm.operators import MoPPAUnit, unit_terms
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
-from .class_swap import swap_class
 
 
 class ViTMoPPAUnit(MoPPAUnit):
@@ -75,8 +74,10 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 
 class ViTAdapterMixin(AdapterMixin):
     """The MoPPA ViT, mixed into a package's ``VisionTransformer`` (before
-    it). After the base ``__init__`` every layer becomes its MoPPA subclass
-    (``LAYER_CLASSES``, whose forward runs the unit) and gets a MoPPA unit
+    it). The package's ViT builds its layers itself: after its ``__init__``
+    every layer becomes an instance of its MoPPA subclass in place
+    (``LAYER_CLASSES``, whose forward runs the unit; the same module, so base
+    parameter names stay the checkpoints' keys) and gets a MoPPA unit
     before self-attention, on the patch-token grid (extra tokens such as the
     class token pass unchanged), plus scale & shift (RLRR/SSF style, paper
     supplementary) on the patch embedding, the attention
@@ -122,7 +123,7 @@ class ViTAdapterMixin(AdapterMixin):
         self.use_scale_shift = use_scale_shift
         self.embed_dims = self.patch_embed.projection.out_channels  # mmseg's ViT has none
         for layer in self.layers:
-            swap_class(layer, self.LAYER_CLASSES)
+            layer.__class__ = self.LAYER_CLASSES[type(layer)]  # in place: see the class doc
             if use_moppa:
                 heads = moppa_heads or layer.attn.num_heads
                 layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, tuple(self.patch_resolution),

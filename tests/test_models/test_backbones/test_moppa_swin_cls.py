@@ -12,6 +12,7 @@ from moppa_mm.datasets import VTAB_TASKS
 from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
 from moppa_mm.models.backbones.adapter_mixin import PretrainedMismatchError, is_adapter_key
+from moppa_mm.models.backbones.swin_adapters import SwinAdapterMixin
 from model_converters.vit_to_mmpretrain import convert, save_backbone, swin_to_mmpretrain
 from moppa_mm.models import full_state_dict
 
@@ -50,12 +51,14 @@ def test_registered_in_mmpretrain_under_the_detection_name():
 @pytest.mark.parametrize('cls, conv_adapter, scale_shift', [
     (MoPPASwinTransformerCls, False, True), (MoPPASwinTransformer, True, False)])
 def test_each_registration_passes_its_defaults(cls, conv_adapter, scale_shift):
-    """One implementation; the signature (``help()``) shows the package's
-    defaults, and a model built without the switches has them."""
+    """One implementation (the mixin: the detector's defaults); the
+    classifier's class statement has its own defaults in its signature
+    (``help()``), and a model built without the switches has them."""
     defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
     assert (defaults['use_conv_adapter'], defaults['use_scale_shift']) == (
         conv_adapter, scale_shift)
-    assert defaults['moppa_scope'] == 'window' and defaults['random_base'] is False
+    shared = {k: p.default for k, p in inspect.signature(SwinAdapterMixin).parameters.items()}
+    assert shared['moppa_scope'] == 'window' and shared['random_base'] is False
     kwargs = TINY if cls is MoPPASwinTransformerCls else dict(**ARCH, out_indices=(0, 1))
     model = cls(**kwargs)
     assert (model.use_conv_adapter, model.use_scale_shift) == (conv_adapter, scale_shift)
