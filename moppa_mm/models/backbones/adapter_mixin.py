@@ -19,6 +19,8 @@ checkpoint contract (units' options: :class:`MoPPAConfig`; the route loss:
 import logging
 import math
 import os.path as osp
+import weakref
+from itertools import chain
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
@@ -76,6 +78,12 @@ def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], .
     :func:`~moppa_mm.utils.params.parameter_table`."""
     return tuple((prefix + kind, tuple(prefix + p for p in patterns))
                  for kind, patterns, _ in ADAPTER_GROUPS)
+
+
+# The base each backbone read when built, until the model around it calls its
+# init_weights() (or it switches train / eval mode): keyed by the backbone, so
+# that a copy of the model (EMA's deepcopy) does not copy it too.
+_BASE_READ_WHEN_BUILT: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
 
 
 class NoPretrainedBaseError(MoPPAInputError, RuntimeError):
@@ -185,10 +193,13 @@ class AdapterMixin(RouteLossMixin):
                       logger='current', level=logging.WARNING)
             return
         self.init_weights()
-        # mmengine's init_weights() of the model around it applies its init_cfg
-        # (mmpretrain's TruncNormal on every Linear) to every submodule, then a
-        # child's own init_weights while it is not initialised: ours reloads
-        self._is_init = False
+        # mmengine's init_weights() of the model around it applies the model's
+        # init_cfg (mmpretrain's TruncNormal on every Linear) to every submodule,
+        # then a child's own init_weights while it is not is_init: ours copies
+        # back the base read now (the file is read once)
+        _BASE_READ_WHEN_BUILT[self] = {name: tensor.detach().clone()
+                                       for name, tensor in self._base_tensors()}
+        self.is_init = False
 
     # ------------------------------------------------------------ the base
     @property
@@ -206,30 +217,41 @@ class AdapterMixin(RouteLossMixin):
         return init_cfg['checkpoint'], init_cfg.get('prefix')
 
     def init_weights(self) -> None:
-        """The base ``init_cfg`` names, loaded (again: the model around may
-        have initialised it over; a local file gone since leaves it as it is),
-        or the base classes' init without one; then the adapters' init. Logs
-        the parameter table when the base comes."""
+        """The base ``init_cfg`` names: the one read when built, copied back
+        (the model around may have initialised it over), else loaded (a local
+        file gone since leaves it as it is); or the base classes' init without
+        one; then the adapters' init. Logs the parameter table when the base
+        comes."""
         self._refuse_if_merged('cannot be initialised again')
         checkpoint, prefix = self.configured_base()
         came = self._base is None
+        read_when_built = _BASE_READ_WHEN_BUILT.pop(self, None)
         if checkpoint is None:
             super().init_weights()
             self._base = None
+        elif read_when_built is not None:
+            with torch.no_grad():
+                for name, tensor in self._base_tensors():
+                    tensor.copy_(read_when_built[name])
         elif came or '://' in checkpoint or osp.isfile(checkpoint):
             self._load_base(checkpoint, prefix)
         for module in self._adapters():
             module.reset_parameters()
         if came:
             print_log('\n' + self.parameter_report(), logger='current')
-        self._is_init = True
+        self.is_init = True
+
+    def _base_tensors(self):
+        """``(name, tensor)`` of the parameters and buffers not the adapters'."""
+        return [(name, tensor) for name, tensor in chain(
+            self.named_parameters(), self.named_buffers()) if not is_adapter_key(name)]
 
     def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
         """The base classes' ``Pretrained`` init (their loaders, conversions),
         checked like every load; errors name the file, an unconverted release
         its converter command."""
         what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
-        self._is_init = False  # mmengine's Pretrained init runs once otherwise
+        self.is_init = False  # mmengine's Pretrained init runs once otherwise
         self._base = None
         try:
             with naming_checkpoint(checkpoint, what):
@@ -388,6 +410,7 @@ class AdapterMixin(RouteLossMixin):
         """As the base class; fully frozen norms stay in eval mode (their
         statistics are the base's). Returns the module (mmpretrain's: None)."""
         super().train(mode)
+        _BASE_READ_WHEN_BUILT.pop(self, None)  # no init_weights() before a run
         if mode:
             for norm in frozen_norms(self):
                 norm.eval()
