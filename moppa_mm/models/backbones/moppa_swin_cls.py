@@ -44,3 +44,18 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
                  **kwargs) -> None:
         super().__init__(*args, use_conv_adapter=use_conv_adapter,
                          use_scale_shift=use_scale_shift, **kwargs)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
+        """mmpretrain's Swin renames the keys of checkpoints saved before its
+        version 3 (the final ``norm.`` is ``norm{last}.`` now; the ``attn_mask``
+        buffers are gone) only when ``self.__class__ is SwinTransformer``: done
+        here for this subclass, so that such checkpoints load as they do there."""
+        version = local_metadata.get('version') or 0  # None: before versions
+        last = f'norm{len(self.stages) - 1}.'
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            name = key[len(prefix):]
+            if version < 3 and 'attn_mask' in name:
+                del state_dict[key]
+            elif version < 2 and name.startswith('norm.'):
+                state_dict[prefix + last + name[len('norm.'):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)

@@ -4,6 +4,7 @@ import inspect
 
 import pytest
 import torch
+from mmengine.runner import load_checkpoint, save_checkpoint
 from mmdet.registry import MODELS as DET_MODELS
 from mmpretrain.models.backbones import SwinTransformer
 from mmpretrain.registry import MODELS
@@ -125,6 +126,40 @@ def test_state_dict_check_names_a_release_without_its_final_norm(tmp_path):
     with pytest.raises(PretrainedMismatchError, match='missing: norm1.weight'):
         MoPPASwinTransformerCls(**TINY, init_cfg=dict(  # loads its base when built
             type='Pretrained', checkpoint=path, prefix='backbone.'))
+
+
+def before_version_3(plain):
+    """``plain``'s state as mmpretrain's Swin saved it before its version 3:
+    the final norm as ``norm.``, an ``attn_mask`` buffer, metadata version 1."""
+    state = plain.state_dict()
+    for key in [k for k in state if k.startswith('norm1.')]:  # the last of 2 stages
+        state['norm.' + key[len('norm1.'):]] = state.pop(key)
+    state['stages.0.blocks.1.attn.attn_mask'] = torch.zeros(4, 49, 49)
+    state._metadata['']['version'] = 1
+    return state
+
+
+def test_checkpoints_from_before_mmpretrain_swin_version_3_load(tmp_path):
+    """They load into the subclass as into mmpretrain's own Swin (which
+    converts them only for its own class): alone, strictly, and as the base
+    of a config (a whole model's, under its ``backbone.`` prefix, without
+    metadata: older still)."""
+    plain = plain_swin()
+    old = str(tmp_path / 'v1.pth')
+    save_checkpoint(before_version_3(plain), old)
+    whole = str(tmp_path / 'classifier.pth')
+    torch.save({'state_dict': {'backbone.' + k: v
+                               for k, v in before_version_3(plain).items()}}, whole)
+    alone = MoPPASwinTransformerCls(**TINY, random_base=True)
+    load_checkpoint(alone, old, strict=True)
+    for model in (alone,
+                  MoPPASwinTransformerCls(**TINY, init_cfg=dict(type='Pretrained',
+                                                                checkpoint=old)),
+                  MoPPASwinTransformerCls(**TINY, init_cfg=dict(
+                      type='Pretrained', checkpoint=whole, prefix='backbone.'))):
+        own = model.state_dict()
+        for key, value in plain.state_dict().items():
+            torch.testing.assert_close(own[key], value, atol=0, rtol=0, msg=key)
 
 
 def test_swin_converter_rejects_other_files():
