@@ -17,7 +17,6 @@ checkpoint contract (units' options: :class:`MoPPAConfig`; the route loss:
   checkpoint). It opens nothing and changes no module's structure.
 """
 import logging
-import math
 import os.path as osp
 import weakref
 from itertools import chain
@@ -33,7 +32,7 @@ from moppa_mm.operators import MoPPAUnit, moppa_units
 from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
-from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable, short_repr
+from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import model_hooks
@@ -42,29 +41,9 @@ from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, REC
                             PretrainedMismatchError, _as_recorded, base_fingerprint,
                             checkpoint_problems, decode_record, encode_record, frozen_base_keys,
                             is_adapter_key, read_adapter_record, redigest)
+from .arguments import check_arguments
 from .optimizer_check import watch_first_step, waiting_check
-from .route_loss import SCHEDULES, RouteLossMixin
-
-SCOPES = ('window', 'global')  # the Swin's unit scopes
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
-# The backbones' own arguments (checked in _pop_adapter_args): name -> (what it must be, test)
-BACKBONE_ARGS = {
-    **{name: ('True or False', lambda v: isinstance(v, bool)) for name in (
-        'use_moppa', 'use_scale_shift', 'use_conv_adapter', 'freeze_pretrained',
-        'strict_adapter_record', 'merged', 'random_base')},
-    'moppa_heads': ("a positive int, or None for the attention's heads", lambda v: v is None
-                    or (isinstance(v, int) and not isinstance(v, bool) and v > 0)),
-    'route_loss_weight': ('a number >= 0 (0: no route loss)', lambda v: _number(v) and v >= 0),
-    'route_schedule': (f'one of {SCHEDULES}', lambda v: v in SCHEDULES),
-    'moppa_scope': (f'one of {SCOPES}', lambda v: v in SCOPES),
-    'adapter_ratio': ('a number > 0', lambda v: _number(v) and v > 0),
-}
+from .route_loss import RouteLossMixin
 
 
 def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
@@ -132,20 +111,19 @@ class AdapterMixin(RouteLossMixin):
 
     def _pop_adapter_args(self, kwargs: dict, own: Dict[str, Any]) -> MoPPAConfig:
         """The one check of the backbone's arguments (``own``: its ``locals()``;
-        ``kwargs``: the base class's, where another backbone's is named), and
-        the units' options (returned); an attribute-style ``init_cfg`` for the
-        base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
-        name = type(self).__name__
-        for arg in sorted(BACKBONE_ARGS.keys() & kwargs.keys()):
-            raise InputValueError(f'{name}: model.backbone.{arg} is an argument of another '
-                                  'MoPPA backbone, not of this one: remove it')
-        for arg, value in own.items():
-            if arg in BACKBONE_ARGS and not BACKBONE_ARGS[arg][1](value):
-                raise InputValueError(f'{name}: model.backbone.{arg} = {short_repr(value)}: '
-                                      f'it must be {BACKBONE_ARGS[arg][0]}')
+        ``kwargs``: the base class's; :func:`.arguments.check_arguments` and
+        :meth:`_refuse_uncovered`), and the units' options (returned); an
+        attribute-style ``init_cfg`` for the base class (mmdet's Swin reads
+        ``init_cfg.checkpoint``)."""
+        check_arguments(type(self), own, kwargs)
+        self._refuse_uncovered(kwargs)
         if isinstance(kwargs.get('init_cfg'), dict):
             kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
         return MoPPAConfig.build(own['moppa_cfg'])
+
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        """Raise :class:`InputValueError` where the base class's arguments
+        describe a network the class does not cover (subclasses)."""
 
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,

@@ -3,7 +3,7 @@ from mmdet.models.backbones import SwinTransformer
 from mmdet.models.backbones.swin import ShiftWindowMSA, SwinBlock, WindowMSA
 from mmdet.registry import MODELS
 
-from .adapter_mixin import SCOPES
+from .arguments import SCOPES
 from .swin_adapters import (MoPPAShiftWindowMSAMixin, MoPPASwinBlockMixin, MoPPAWindowMSAMixin,
                             SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit)
 

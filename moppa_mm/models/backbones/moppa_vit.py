@@ -14,6 +14,8 @@ from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit, unit_terms
+from moppa_mm.utils.errors import InputValueError
+from moppa_mm.utils.params import short_repr
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
@@ -177,6 +179,43 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
+
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        """DeiT-3's arch names (its ``'s'`` is 384-d, this class's 768-d) and
+        FFNs other than the two-layer one the scale & shift runs in."""
+        arch = kwargs.get('arch', 'base')
+        if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
+            raise InputValueError(
+                f"MoPPAVisionTransformer: model.backbone.arch = {arch!r} is a DeiT-3 arch "
+                "(mmpretrain's DeiT3: 384-d or 512-d, 12 layers, layer scale), which MoPPA "
+                "does not stand in for: keep type='DeiT3' (DeiT's small ViT is arch='deit-s'; "
+                "mmpretrain VisionTransformer's 768-d, 8-layer 's' is given as an arch dict)")
+        layer_cfgs = kwargs.get('layer_cfgs') or {}
+        for cfg in [layer_cfgs] if isinstance(layer_cfgs, dict) else layer_cfgs:
+            if (cfg.get('ffn_type', 'origin'), cfg.get('num_fcs', 2)) != ('origin', 2):
+                raise InputValueError(
+                    'MoPPAVisionTransformer: model.backbone.layer_cfgs = '
+                    f"{short_repr(layer_cfgs)}: MoPPA's scale & shift runs in the two-layer "
+                    "FFN (ffn_type='origin', num_fcs=2): keep type='VisionTransformer' for "
+                    'another FFN')
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Stop at the base of a ViT this class does not stand in for, before
+        mmpretrain's ``pos_embed`` resize misreads it: distilled DeiT's (a
+        ``dist_token``) or DeiT-3's (no class-token slot in ``pos_embed``)."""
+        pos_embed = state_dict.get(prefix + 'pos_embed')
+        tokens = pos_embed.shape[1] if isinstance(pos_embed, torch.Tensor) \
+            and pos_embed.dim() == 3 else 0  # (1, extra + H*W, C)
+        if prefix + 'dist_token' in state_dict:
+            upstream, held = 'DistilledVisionTransformer', 'a dist_token'
+        elif self.cls_token is not None and tokens and math.isqrt(tokens) ** 2 == tokens:
+            upstream, held = 'DeiT3', f'a pos_embed of {tokens} patches and no class token'
+        else:
+            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        raise InputValueError(
+            f"{type(self).__name__}: the checkpoint holds {held}: a base of mmpretrain's "
+            f"{upstream}, which MoPPA does not stand in for: keep model.backbone.type="
+            f"'{upstream}'")
 
     @property
     def params_not_in_base(self) -> Tuple[str, ...]:

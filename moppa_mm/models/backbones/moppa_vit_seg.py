@@ -9,6 +9,7 @@ from mmseg.models.backbones.vit import TransformerEncoderLayer
 from mmseg.registry import MODELS
 
 from moppa_mm.operators import unit_terms
+from moppa_mm.utils.errors import InputValueError
 from ..layers.scale_shift import attach_ffn_scale_shift
 from .moppa_vit import ViTAdapterMixin
 
@@ -48,6 +49,14 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayerSeg}
+
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        """FFNs other than the two-layer one the scale & shift runs in."""
+        if kwargs.get('num_fcs', 2) != 2:
+            raise InputValueError(
+                f"MoPPAVisionTransformerSeg: model.backbone.num_fcs = {kwargs['num_fcs']!r}: "
+                "MoPPA's scale & shift runs in the two-layer FFN: keep type="
+                "'VisionTransformer' for another FFN")
 
     @property
     def num_extra_tokens(self) -> int:

@@ -185,6 +185,8 @@ class SwinAdapterMixin(AdapterMixin):
             scale_shift_projection(self.patch_embed, self.patch_embed.projection.out_channels)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
+        if self.frozen_stages >= 0:  # the base class freezes them at every train(): the
+            self._freeze_stages()  # frozen stages' adapters are frozen from the start
         self._build_base(merged)
 
     def arch_record(self) -> dict:
