@@ -41,12 +41,14 @@ def _arguments(cls: type) -> List[str]:
             if name != 'self' and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)]
 
 
-def _backbones_taking(arg: str, package: str) -> List[str]:
+def _backbones_taking(arg: str, package: str) -> str:
     """The backbones in ``package``'s registry (its own) that take ``arg``."""
     registry = importlib.import_module(f'{package}.registry').MODELS
-    return sorted(name for name, cls in registry.module_dict.items() if isinstance(cls, type)
-                  and cls.__module__.startswith(f'{package}.models.backbones')
-                  and arg in _arguments(cls))
+    names = sorted(name for name, cls in registry.module_dict.items() if isinstance(cls, type)
+                   and cls.__module__.startswith(tuple(
+                       f'{package}.models.{kind}' for kind in ('backbones', 'selfsup')))
+                   and arg in _arguments(cls))
+    return ' / '.join(names[:4] + ['...'] * (len(names) > 4))
 
 
 def check_arguments(backbone: type, own: Dict[str, Any], kwargs: Dict[str, Any]) -> None:
@@ -67,9 +69,9 @@ def check_arguments(backbone: type, own: Dict[str, Any], kwargs: Dict[str, Any])
     valid = {arg for cls in mro[:mro.index(upstream) + 1] if '__init__' in vars(cls)
              for arg in _arguments(cls)}
     for arg in sorted(kwargs.keys() - valid):
-        others = _backbones_taking(arg, package)[:3]
+        others = _backbones_taking(arg, package)
         close = difflib.get_close_matches(arg, sorted(valid), n=1)
-        way_out = (f"it is one of {package}'s {' / '.join(others)}, which {name} does not "
+        way_out = (f"it is one of {package}'s {others}, which {name} does not "
                    "stand in for: keep that type" if others else
                    f'did you mean {close[0]}?' if close else 'remove it')
         raise InputValueError(f'model.backbone.{arg} is not an argument of {name} (nor of '

@@ -4,6 +4,7 @@ from mmpretrain.models.backbones.swin_transformer import SwinBlock
 from mmpretrain.models.utils.attention import ShiftWindowMSA, WindowMSA
 from mmpretrain.registry import MODELS
 
+from moppa_mm.utils.errors import InputValueError
 from .swin_adapters import (MoPPAShiftWindowMSAMixin, MoPPASwinBlockMixin, MoPPAWindowMSAMixin,
                             SwinAdapterMixin)
 
@@ -45,11 +46,25 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
         super().__init__(*args, use_conv_adapter=use_conv_adapter,
                          use_scale_shift=use_scale_shift, **kwargs)
 
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        """Windows per stage (a list) are SwinTransformerV2's."""
+        if isinstance(kwargs.get('window_size'), (list, tuple)):
+            raise InputValueError(
+                f"MoPPASwinTransformerCls: model.backbone.window_size = {kwargs['window_size']!r}"
+                ": a window per stage is mmpretrain's SwinTransformerV2's, which MoPPA does not "
+                "stand in for: keep type='SwinTransformerV2'")
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
         """mmpretrain's Swin renames the keys of checkpoints saved before its
         version 3 (the final ``norm.`` is ``norm{last}.`` now; the ``attn_mask``
         buffers are gone) only when ``self.__class__ is SwinTransformer``: done
-        here for this subclass, so that such checkpoints load as they do there."""
+        here for this subclass, so that such checkpoints load as they do there.
+        A SwinTransformerV2 base stops here, naming its type."""
+        if any('cpb_mlp' in key for key in state_dict):  # its continuous position bias
+            raise InputValueError(
+                f"{type(self).__name__}: the checkpoint holds cpb_mlp: the base of mmpretrain's "
+                'SwinTransformerV2, which MoPPA does not stand in for: keep '
+                "model.backbone.type='SwinTransformerV2'")
         version = local_metadata.get('version') or 0  # None: before versions
         last = f'norm{len(self.stages) - 1}.'
         for key in [k for k in state_dict if k.startswith(prefix)]:

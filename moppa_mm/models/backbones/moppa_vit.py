@@ -181,15 +181,16 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
 
     def _refuse_uncovered(self, kwargs: dict) -> None:
-        """DeiT-3's arch names (its ``'s'`` is 384-d, this class's 768-d) and
-        FFNs other than the two-layer one the scale & shift runs in."""
-        arch = kwargs.get('arch', 'base')
-        if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
+        """Arch names that are not this class's (another ViT's, such as DeiT-3's
+        ``'s'``, 384-d where this class's is 768-d) and FFNs other than the
+        two-layer one the scale & shift runs in."""
+        arch, archs = kwargs.get('arch', 'base'), sorted(set(self.arch_zoo) - {'s', 'small'})
+        if isinstance(arch, str) and arch.lower() not in archs:
             raise InputValueError(
-                f"MoPPAVisionTransformer: model.backbone.arch = {arch!r} is a DeiT-3 arch "
-                "(mmpretrain's DeiT3: 384-d or 512-d, 12 layers, layer scale), which MoPPA "
-                "does not stand in for: keep type='DeiT3' (DeiT's small ViT is arch='deit-s'; "
-                "mmpretrain VisionTransformer's 768-d, 8-layer 's' is given as an arch dict)")
+                f"MoPPAVisionTransformer: model.backbone.arch = {arch!r} is not one of the "
+                f"archs of mmpretrain's VisionTransformer it takes by name ({', '.join(archs)}; "
+                "its 768-d 's' as an arch dict, as DeiT3 and ViTEVA02 call a 384-d ViT 's'): "
+                "another ViT's arch, which MoPPA does not stand in for: keep that type")
         layer_cfgs = kwargs.get('layer_cfgs') or {}
         for cfg in [layer_cfgs] if isinstance(layer_cfgs, dict) else layer_cfgs:
             if (cfg.get('ffn_type', 'origin'), cfg.get('num_fcs', 2)) != ('origin', 2):
@@ -202,20 +203,21 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Stop at the base of a ViT this class does not stand in for, before
         mmpretrain's ``pos_embed`` resize misreads it: distilled DeiT's (a
-        ``dist_token``) or DeiT-3's (no class-token slot in ``pos_embed``)."""
+        ``dist_token``), DeiT-3's (no class-token slot in ``pos_embed``)."""
         pos_embed = state_dict.get(prefix + 'pos_embed')
         tokens = pos_embed.shape[1] if isinstance(pos_embed, torch.Tensor) \
             and pos_embed.dim() == 3 else 0  # (1, extra + H*W, C)
         if prefix + 'dist_token' in state_dict:
-            upstream, held = 'DistilledVisionTransformer', 'a dist_token'
+            held = ("a dist_token: the base of mmpretrain's DistilledVisionTransformer, "
+                    "which MoPPA does not stand in for: keep model.backbone.type="
+                    "'DistilledVisionTransformer'")
         elif self.cls_token is not None and tokens and math.isqrt(tokens) ** 2 == tokens:
-            upstream, held = 'DeiT3', f'a pos_embed of {tokens} patches and no class token'
+            held = (f'a pos_embed of {tokens} patches without the class-token slot this ViT '
+                    "has: the base of another ViT (mmpretrain's DeiT3 saves it so), which "
+                    'MoPPA does not stand in for: keep that type')
         else:
             return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        raise InputValueError(
-            f"{type(self).__name__}: the checkpoint holds {held}: a base of mmpretrain's "
-            f"{upstream}, which MoPPA does not stand in for: keep model.backbone.type="
-            f"'{upstream}'")
+        raise InputValueError(f'{type(self).__name__}: the checkpoint holds {held}')
 
     @property
     def params_not_in_base(self) -> Tuple[str, ...]:
