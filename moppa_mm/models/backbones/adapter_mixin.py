@@ -145,10 +145,9 @@ class AdapterMixin(RouteLossMixin):
         self._register_load_state_dict_pre_hook(self._check_load_alone)
 
     def _build_base(self, merged: bool) -> None:
-        """The last step of ``__init__``: the base ``init_cfg`` names is loaded
-        now (:meth:`init_weights`), so that every later load (``runner.test()``,
-        ``init_detector``, ``get_model``) finds it; a missing file is a
-        warning. ``merged=True`` folds the adapters in instead."""
+        """The last step of ``__init__``: load the base ``init_cfg`` names, for
+        every later load (``runner.test()``, ``init_detector``, ``get_model``)
+        to find; a missing file is a warning. ``merged=True`` merges instead."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -163,17 +162,15 @@ class AdapterMixin(RouteLossMixin):
         if checkpoint is None:
             return
         if '://' not in checkpoint and not osp.isfile(checkpoint):
-            print_log(f'{type(self).__name__}: the pre-trained base '
-                      f'model.backbone.init_cfg.checkpoint = {checkpoint!r} does not '
-                      'exist: the frozen backbone stays random, an adapter-only '
-                      'checkpoint will not load into this model, and training stops '
-                      'unless a checkpoint with the base is loaded first',
+            print_log(f'{type(self).__name__}: the pre-trained base model.backbone.init_cfg.'
+                      f'checkpoint = {checkpoint!r} does not exist: the frozen backbone stays '
+                      'random, an adapter-only checkpoint will not load into this model, and '
+                      'training stops unless a checkpoint with the base is loaded first',
                       logger='current', level=logging.WARNING)
             return
         self.init_weights()
-        # mmengine's init_weights() of the model around it applies the model's
-        # init_cfg (mmpretrain's TruncNormal on every Linear) to every submodule,
-        # then a child's own init_weights while it is not is_init: ours copies
+        # the model's init_weights() applies its init_cfg (mmpretrain's TruncNormal on
+        # every Linear) to every submodule, then calls ours (not is_init): ours copies
         # back the base read now (the file is read once)
         _BASE_READ_WHEN_BUILT[self] = {name: tensor.detach().clone()
                                        for name, tensor in self._base_tensors()}

@@ -26,7 +26,7 @@ class MoPPAShiftWindowMSA(MoPPAShiftWindowMSAMixin, ShiftWindowMSA):
 class MoPPASwinTransformer(SwinAdapterMixin, SwinTransformer):
     """mmdet's ``SwinTransformer`` (all its arguments) with the adapters and
     arguments of :class:`~.swin_adapters.SwinAdapterMixin`. Defaults: window-scope
-    MoPPA units and conv adapters, no scale & shift (Swin-B: 3.21M trainable).
+    MoPPA units and conv adapters, no scale & shift.
 
     mmdet's Swin builds its blocks itself: after its ``__init__`` each
     ``SwinBlock``, ``ShiftWindowMSA`` and (window scope) ``WindowMSA`` becomes

@@ -28,13 +28,9 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
     :class:`~.swin_adapters.SwinAdapterMixin`, registered in mmpretrain's
     ``MODELS`` as ``MoPPASwinTransformer`` (a config's ``default_scope`` picks the
     package). Defaults: the paper's classification set-up, window-scope MoPPA
-    units and scale & shift, no conv adapter (Swin-B, window 7: 0.23M trainable;
-    0.28M with a VTAB-1K head, where the paper reports 0.39M). Official Swin
-    releases load after ``tools/model_converters/vit_to_mmpretrain.py swin``.
-
-    Its blocks become the MoPPA subclasses above in place after mmpretrain's
-    ``__init__``, as in :class:`~.moppa_swin.MoPPASwinTransformer`, so that base
-    parameter names are unchanged.
+    units and scale & shift, no conv adapter. Its blocks become the MoPPA
+    subclasses above in place, as in :class:`~.moppa_swin.MoPPASwinTransformer`.
+    Official Swin releases load after ``tools/model_converters/vit_to_mmpretrain.py swin``.
     """
 
     LAYER_CLASSES = {SwinBlock: MoPPASwinBlockCls, WindowMSA: MoPPAWindowMSACls,
@@ -47,24 +43,17 @@ class MoPPASwinTransformerCls(SwinAdapterMixin, SwinTransformer):
                          use_scale_shift=use_scale_shift, **kwargs)
 
     def _refuse_uncovered(self, kwargs: dict) -> None:
-        """Windows per stage (a list) are SwinTransformerV2's."""
-        if isinstance(kwargs.get('window_size'), (list, tuple)):
+        if isinstance(kwargs.get('window_size'), (list, tuple)):  # SwinTransformerV2's
             raise InputValueError(
-                f"MoPPASwinTransformerCls: model.backbone.window_size = {kwargs['window_size']!r}"
-                ": a window per stage is mmpretrain's SwinTransformerV2's, which MoPPA does not "
+                f"MoPPASwinTransformerCls: model.backbone.window_size = {kwargs['window_size']}:"
+                " a window per stage is mmpretrain's SwinTransformerV2's, which MoPPA does not "
                 "stand in for: keep type='SwinTransformerV2'")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
         """mmpretrain's Swin renames the keys of checkpoints saved before its
         version 3 (the final ``norm.`` is ``norm{last}.`` now; the ``attn_mask``
         buffers are gone) only when ``self.__class__ is SwinTransformer``: done
-        here for this subclass, so that such checkpoints load as they do there.
-        A SwinTransformerV2 base stops here, naming its type."""
-        if any('cpb_mlp' in key for key in state_dict):  # its continuous position bias
-            raise InputValueError(
-                f"{type(self).__name__}: the checkpoint holds cpb_mlp: the base of mmpretrain's "
-                'SwinTransformerV2, which MoPPA does not stand in for: keep '
-                "model.backbone.type='SwinTransformerV2'")
+        here for this subclass, so that such checkpoints load as they do there."""
         version = local_metadata.get('version') or 0  # None: before versions
         last = f'norm{len(self.stages) - 1}.'
         for key in [k for k in state_dict if k.startswith(prefix)]:

@@ -24,13 +24,10 @@ class MoPPASwinTransformerSeg(SwinAdapterMixin, SwinTransformer):
     """mmseg's ``SwinTransformer`` (all its arguments) with the adapters and
     arguments of :class:`~.swin_adapters.SwinAdapterMixin`, registered in mmseg's
     ``MODELS`` as ``MoPPASwinTransformer`` (a config's ``default_scope`` picks
-    the package). Defaults: the detector's, window-scope MoPPA units and conv
-    adapters, no scale & shift (Swin-B: 3.21M trainable).
-
-    Its blocks become the MoPPA subclasses above in place after mmseg's
-    ``__init__``, as in :class:`~.moppa_swin.MoPPASwinTransformer`: mmseg's key
-    format and ``init_weights`` stay, so its bases (``swin2mmseg.py``, with or
-    without a ``backbone.`` prefix) load as they are.
+    the package). Defaults: the detector's. Its blocks become the MoPPA
+    subclasses above in place, as in :class:`~.moppa_swin.MoPPASwinTransformer`:
+    mmseg's key format and ``init_weights`` stay, so its bases
+    (``swin2mmseg.py``, with or without a ``backbone.`` prefix) load as they are.
     """
 
     LAYER_CLASSES = {SwinBlock: MoPPASwinBlockSeg, WindowMSA: MoPPAWindowMSASeg,

@@ -208,16 +208,14 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         tokens = pos_embed.shape[1] if isinstance(pos_embed, torch.Tensor) \
             and pos_embed.dim() == 3 else 0  # (1, extra + H*W, C)
         if prefix + 'dist_token' in state_dict:
-            held = ("a dist_token: the base of mmpretrain's DistilledVisionTransformer, "
-                    "which MoPPA does not stand in for: keep model.backbone.type="
-                    "'DistilledVisionTransformer'")
+            held = "a dist_token: the base of mmpretrain's DistilledVisionTransformer"
         elif self.cls_token is not None and tokens and math.isqrt(tokens) ** 2 == tokens:
-            held = (f'a pos_embed of {tokens} patches without the class-token slot this ViT '
-                    "has: the base of another ViT (mmpretrain's DeiT3 saves it so), which "
-                    'MoPPA does not stand in for: keep that type')
+            held = (f'a pos_embed of {tokens} patches without a class-token slot: the base of '
+                    "another ViT (mmpretrain's DeiT3 saves it so)")
         else:
             return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        raise InputValueError(f'{type(self).__name__}: the checkpoint holds {held}')
+        raise InputValueError(f'{type(self).__name__}: the checkpoint holds {held}, which '
+                              'MoPPA does not stand in for: keep that type')
 
     @property
     def params_not_in_base(self) -> Tuple[str, ...]:

@@ -51,12 +51,10 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayerSeg}
 
     def _refuse_uncovered(self, kwargs: dict) -> None:
-        """FFNs other than the two-layer one the scale & shift runs in."""
-        if kwargs.get('num_fcs', 2) != 2:
-            raise InputValueError(
-                f"MoPPAVisionTransformerSeg: model.backbone.num_fcs = {kwargs['num_fcs']!r}: "
-                "MoPPA's scale & shift runs in the two-layer FFN: keep type="
-                "'VisionTransformer' for another FFN")
+        if kwargs.get('num_fcs', 2) != 2:  # the scale & shift runs in two-layer FFNs
+            raise InputValueError(f"MoPPAVisionTransformerSeg: model.backbone.num_fcs = "
+                                  f"{kwargs['num_fcs']}: MoPPA's scale & shift runs in the two-"
+                                  "layer FFN: keep type='VisionTransformer' for another FFN")
 
     @property
     def num_extra_tokens(self) -> int:

@@ -139,9 +139,7 @@ class SwinAdapterMixin(AdapterMixin):
             (:class:`~moppa_mm.models.MoPPAConfig`); unset ones take the shipped
             recipe's. The unit uses the stage's attention heads.
         adapter_ratio (float): The conv adapter's bottleneck, ``hidden = round(C /
-            adapter_ratio)``. The default 7.25 puts Swin-B's trainable backbone
-            parameters (window 7, units and conv adapters) at 3.21M, +0.8% of the
-            paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M).
+            adapter_ratio)``; the default puts Swin-B near the paper's 3.18M.
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
             ablation, the other adapters stay). Defaults to True.
         use_conv_adapter (bool): Add a 3x3 conv adapter before every FFN, as the
