@@ -181,16 +181,16 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
 
     def _refuse_uncovered(self, kwargs: dict) -> None:
-        """Arch names that are not this class's (another ViT's, such as DeiT-3's
-        ``'s'``, 384-d where this class's is 768-d) and FFNs other than the
-        two-layer one the scale & shift runs in."""
-        arch, archs = kwargs.get('arch', 'base'), sorted(set(self.arch_zoo) - {'s', 'small'})
-        if isinstance(arch, str) and arch.lower() not in archs:
+        """DeiT-3's and EVA-02's arch names (their ``'s'`` is 384-d, this class's
+        768-d; other names not this class's stop in its base class) and FFNs
+        other than the two-layer one the scale & shift runs in."""
+        arch = kwargs.get('arch', 'base')
+        if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
             raise InputValueError(
-                f"MoPPAVisionTransformer: model.backbone.arch = {arch!r} is not one of the "
-                f"archs of mmpretrain's VisionTransformer it takes by name ({', '.join(archs)}; "
-                "its 768-d 's' as an arch dict, as DeiT3 and ViTEVA02 call a 384-d ViT 's'): "
-                "another ViT's arch, which MoPPA does not stand in for: keep that type")
+                f'MoPPAVisionTransformer: model.backbone.arch = {arch!r} is a DeiT3 / ViTEVA02 '
+                "arch (a 384-d or 512-d ViT), which MoPPA does not stand in for: keep that type "
+                "(mmpretrain VisionTransformer's 768-d, 8-layer 's' is given as an arch dict; "
+                "DeiT's small ViT is arch='deit-s')")
         layer_cfgs = kwargs.get('layer_cfgs') or {}
         for cfg in [layer_cfgs] if isinstance(layer_cfgs, dict) else layer_cfgs:
             if (cfg.get('ffn_type', 'origin'), cfg.get('num_fcs', 2)) != ('origin', 2):

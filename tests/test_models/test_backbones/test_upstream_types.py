@@ -54,9 +54,9 @@ def build_packaged(tmp_path, config, package='mmpretrain', **backbone):
 
 @pytest.mark.parametrize('config, message', [
     ('deit3/deit3-small-p16_64xb64_in1k.py',  # would be VisionTransformer's 768-d 's'
-     "MoPPAVisionTransformer: model.backbone.arch = 's' is not one of the archs of "
-     "mmpretrain's VisionTransformer it takes by name"),
-    ('deit3/deit3-medium-p16_64xb64_in1k.py', "arch = 'm' is not one of the archs"),
+     "MoPPAVisionTransformer: model.backbone.arch = 's' is a DeiT3 / ViTEVA02 arch (a 384-d "
+     'or 512-d ViT), which MoPPA does not stand in for: keep that type'),
+    ('deit3/deit3-medium-p16_64xb64_in1k.py', "arch = 'm' is a DeiT3 / ViTEVA02 arch"),
     ('beit/benchmarks/beit-base-p16_8xb128-coslr-100e_in1k.py',
      "model.backbone.use_abs_pos_emb is not an argument of MoPPAVisionTransformer (nor of "
      "mmpretrain's VisionTransformer): it is one of mmpretrain's BEiTPretrainViT / BEiTViT"),
