@@ -72,7 +72,7 @@ def test_a_classifier_reads_its_base_once_and_keeps_it_through_init(tmp_path, re
                                        work_dir=str(tmp_path / 'work')))
     cfg = Config.fromfile(str(config))
     assert cfg.model.init_cfg[0]['type'] == 'TruncNormal'  # writes over the base
-    reference = MODELS.build(cfg.model.backbone)
+    reference = MODELS.build(dict(cfg.model.backbone, _scope_='mmpretrain'))
     reads = reads_of(pretrained)
     runner = Runner.from_cfg(cfg)
     runner.train()
