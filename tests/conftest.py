@@ -32,6 +32,28 @@ def shapes_data(tmp_path_factory):
     return paths
 
 
+# The generated VTAB-1K task (tools/demo/vtab_task.py) at 32 px, as a config's
+# data part (``{root}``: its root); one epoch of 40 images, a test of 20.
+VTAB_DEMO_DATA = """
+data_preprocessor = dict(num_classes=10, mean=[127.5] * 3, std=[127.5] * 3,
+                         batch_augments=None)
+pipeline = [dict(type='LoadImageFromFile'),
+            dict(type='Resize', scale=(32, 32)),
+            dict(type='PackInputs')]
+loader = dict(batch_size=8, num_workers=0, persistent_workers=False,
+              sampler=dict(type='DefaultSampler', shuffle=False))
+train_dataloader = dict(**loader, dataset=dict(
+    _delete_=True, type='VTAB1k', data_root={root!r}, task='eurosat',
+    split='train800val200', pipeline=pipeline))
+val_dataloader = dict(**loader, dataset=dict(
+    _delete_=True, type='VTAB1k', data_root={root!r}, task='eurosat', split='test',
+    pipeline=pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='Accuracy', topk=(1, ))
+test_evaluator = val_evaluator
+"""
+
+
 def tiny_detection_cfg(data, work_dir, max_iters=2, val_interval=None,
                        checkpoint_interval=None):
     """The demo config (itself the real MoPPA Cascade config, inherited), pointed

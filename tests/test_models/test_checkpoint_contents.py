@@ -17,7 +17,7 @@ from mmengine.config import Config
 from mmengine.runner.checkpoint import load_checkpoint
 
 from moppa_mm.models import adapter_state_dict, full_state_dict, read_adapter_record
-from moppa_mm.models.backbones.adapter_mixin import BACKBONE_ARGS
+from moppa_mm.models.backbones.arguments import BACKBONE_ARGS
 from moppa_mm.models.backbones.adapter_params import is_adapter_key
 from moppa_mm.models.backbones.adapter_record import encode_record
 from moppa_mm.models.backbones.load_check import (AdapterRecordMismatchError, BaseOnlyCheckpoint,

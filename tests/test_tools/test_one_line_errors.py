@@ -92,6 +92,23 @@ def test_a_mistyped_type_is_one_line_with_the_type_meant(shapes_data, tmp_path, 
     assert run.stderr.count('\n') == 1, run.stderr  # nothing else: no pkg_resources warning
 
 
+def test_a_misspelt_backbone_argument_is_one_line_with_the_closest_name(shapes_data,
+                                                                        tmp_path):
+    """Under our train.py one line; under mmdet's own, the traceback's last."""
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    cfg.model.backbone.route_los_weight = 0.5
+    message = ("model.backbone.route_los_weight is not an argument of MoPPASwinTransformer "
+               "(nor of mmdet's SwinTransformer): did you mean route_loss_weight?")
+    run = run_train(cfg, tmp_path)
+    assert_one_line(run, '')
+    assert message in run.stderr
+    mmdet_train = osp.join(osp.dirname(__import__('mmdet').__file__), '.mim', 'tools',
+                           'train.py')
+    run = subprocess.run([PYTHON, mmdet_train, dump_cfg(cfg, tmp_path / 'tiny.py')], cwd=REPO,
+                         env=child_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].endswith(message)
+
+
 def test_truncated_checkpoint_is_one_line(shapes_data, tmp_path):
     data = open(shapes_data['pretrained'], 'rb').read()
     half = tmp_path / 'half.pth'

@@ -24,7 +24,7 @@ from demo.coco_shapes import prepare_demo
 from demo.vtab_task import prepare_cls_demo
 from model_converters.vit_to_mmpretrain import convert, save_backbone
 from moppa_mm.models import read_adapter_record
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO, VTAB_DEMO_DATA, child_env
 
 MMDET_TOOLS = osp.join(osp.dirname(__import__('mmdet').__file__), '.mim', 'tools')
 MMPRETRAIN_TOOLS = osp.join(osp.dirname(__import__('mmpretrain').__file__), '.mim',
@@ -95,22 +95,7 @@ model = dict(
                                 prefix='backbone.')),
     head=dict(num_classes=10, in_channels=32),
     init_cfg=None, train_cfg=None)
-data_preprocessor = dict(num_classes=10, mean=[127.5] * 3, std=[127.5] * 3,
-                         batch_augments=None)
-pipeline = [dict(type='LoadImageFromFile'),
-            dict(type='Resize', scale=(32, 32)),
-            dict(type='PackInputs')]
-loader = dict(batch_size=8, num_workers=0, persistent_workers=False,
-              sampler=dict(type='DefaultSampler', shuffle=False))
-train_dataloader = dict(**loader, dataset=dict(
-    _delete_=True, type='VTAB1k', data_root={root!r}, task='eurosat',
-    split='train800val200', pipeline=pipeline))
-val_dataloader = dict(**loader, dataset=dict(
-    _delete_=True, type='VTAB1k', data_root={root!r}, task='eurosat', split='test',
-    pipeline=pipeline))
-test_dataloader = val_dataloader
-val_evaluator = dict(type='Accuracy', topk=(1, ))
-test_evaluator = val_evaluator
+""" + VTAB_DEMO_DATA + """
 optim_wrapper = dict(optimizer=dict(lr=1e-2), clip_grad=None)
 train_cfg = dict(by_epoch=True, max_epochs=2, val_interval=2)
 param_scheduler = []

@@ -8,8 +8,9 @@ module-registration hook :func:`_hook_the_model`), the one load check
 (:mod:`.load_check`), the checks as training starts (:mod:`.training_checks`).
 """
 import logging
-import math
 import os.path as osp
+import weakref
+from itertools import chain
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -22,35 +23,20 @@ from torch.utils.hooks import RemovableHandle
 from moppa_mm.operators import moppa_units
 from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError
-from moppa_mm.utils.params import frozen_norms, set_trainable, short_repr
+from moppa_mm.utils.params import frozen_norms, set_trainable
 from moppa_mm.utils.release_formats import check_converted
 from ..layers.scale_shift import ScaleShift, _RunsScaleShift
 from ..moppa_config import MoPPAConfig
 from . import load_check, model_hooks, training_checks
-from .adapter_params import ADAPTER_PATTERNS, frozen_base_keys, parameter_report
+from .adapter_params import ADAPTER_PATTERNS, frozen_base_keys, is_adapter_key, parameter_report
 from .adapter_record import _as_recorded, adapter_record, encode_record, redigest
-from .route_loss import SCHEDULES, RouteLossMixin
+from .arguments import check_arguments
+from .route_loss import RouteLossMixin
 
-SCOPES = ('window', 'global')  # the Swin's unit scopes
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
-# The backbones' own arguments (checked in _pop_adapter_args): name -> (what it must be, test)
-BACKBONE_ARGS = {
-    **{name: ('True or False', lambda v: isinstance(v, bool)) for name in (
-        'use_moppa', 'use_scale_shift', 'use_conv_adapter', 'freeze_pretrained',
-        'strict_adapter_record', 'merged', 'random_base')},
-    'moppa_heads': ("a positive int, or None for the attention's heads", lambda v: v is None
-                    or (isinstance(v, int) and not isinstance(v, bool) and v > 0)),
-    'route_loss_weight': ('a number >= 0 (0: no route loss)', lambda v: _number(v) and v >= 0),
-    'route_schedule': (f'one of {SCHEDULES}', lambda v: v in SCHEDULES),
-    'moppa_scope': (f'one of {SCOPES}', lambda v: v in SCOPES),
-    'adapter_ratio': ('a number > 0', lambda v: _number(v) and v > 0),
-}
+# The base each backbone read when built, until the model around it calls its
+# init_weights() (or it switches train / eval mode): keyed by the backbone, so
+# that a copy of the model (EMA's deepcopy) does not copy it too.
+_BASE_READ_WHEN_BUILT: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
 
 
 class AdapterMixin(RouteLossMixin):
@@ -95,20 +81,19 @@ class AdapterMixin(RouteLossMixin):
 
     def _pop_adapter_args(self, kwargs: dict, own: Dict[str, Any]) -> MoPPAConfig:
         """The one check of the backbone's arguments (``own``: its ``locals()``;
-        ``kwargs``: the base class's, where another backbone's is named), and
-        the units' options (returned); an attribute-style ``init_cfg`` for the
-        base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
-        name = type(self).__name__
-        for arg in sorted(BACKBONE_ARGS.keys() & kwargs.keys()):
-            raise InputValueError(f'{name}: model.backbone.{arg} is an argument of another '
-                                  'MoPPA backbone, not of this one: remove it')
-        for arg, value in own.items():
-            if arg in BACKBONE_ARGS and not BACKBONE_ARGS[arg][1](value):
-                raise InputValueError(f'{name}: model.backbone.{arg} = {short_repr(value)}: '
-                                      f'it must be {BACKBONE_ARGS[arg][0]}')
+        ``kwargs``: the base class's; :func:`.arguments.check_arguments` and
+        :meth:`_refuse_uncovered`), and the units' options (returned); an
+        attribute-style ``init_cfg`` for the base class (mmdet's Swin reads
+        ``init_cfg.checkpoint``)."""
+        check_arguments(type(self), own, kwargs)
+        self._refuse_uncovered(kwargs)
         if isinstance(kwargs.get('init_cfg'), dict):
             kwargs['init_cfg'] = ConfigDict(kwargs['init_cfg'])
         return MoPPAConfig.build(own['moppa_cfg'])
+
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        """Raise :class:`InputValueError` where the base class's arguments
+        describe a network the class does not cover (subclasses)."""
 
     def _finish_build(self, freeze_pretrained: bool, route_loss_weight: float,
                       route_schedule: str, strict_adapter_record: bool,
@@ -131,10 +116,9 @@ class AdapterMixin(RouteLossMixin):
         _hook_models_once()
 
     def _build_base(self, merged: bool) -> None:
-        """The last step of ``__init__``: the base ``init_cfg`` names is loaded
-        now (:meth:`init_weights`), so that every later load (``runner.test()``,
-        ``init_detector``, ``get_model``) finds it; a missing file is a
-        warning. ``merged=True`` folds the adapters in instead."""
+        """The last step of ``__init__``: load the base ``init_cfg`` names, for
+        every later load (``runner.test()``, ``init_detector``, ``get_model``)
+        to find; a missing file is a warning. ``merged=True`` merges instead."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -149,18 +133,19 @@ class AdapterMixin(RouteLossMixin):
         if checkpoint is None:
             return
         if '://' not in checkpoint and not osp.isfile(checkpoint):
-            print_log(f'{type(self).__name__}: the pre-trained base '
-                      f'model.backbone.init_cfg.checkpoint = {checkpoint!r} does not '
-                      'exist: the frozen backbone stays random, an adapter-only '
-                      'checkpoint will not load into this model, and training stops '
-                      'unless a checkpoint with the base is loaded first',
+            print_log(f'{type(self).__name__}: the pre-trained base model.backbone.init_cfg.'
+                      f'checkpoint = {checkpoint!r} does not exist: the frozen backbone stays '
+                      'random, an adapter-only checkpoint will not load into this model, and '
+                      'training stops unless a checkpoint with the base is loaded first',
                       logger='current', level=logging.WARNING)
             return
         self.init_weights()
-        # mmengine's init_weights() of the model around it applies its init_cfg
-        # (mmpretrain's TruncNormal on every Linear) to every submodule, then a
-        # child's own init_weights while it is not initialised: ours reloads
-        self._is_init = False
+        # the model's init_weights() applies its init_cfg (mmpretrain's TruncNormal on
+        # every Linear) to every submodule, then calls ours (not is_init): ours copies
+        # back the base read now (the file is read once)
+        _BASE_READ_WHEN_BUILT[self] = {name: tensor.detach().clone()
+                                       for name, tensor in self._base_tensors()}
+        self.is_init = False
 
     # ------------------------------------------------------------ the base
     @property
@@ -178,30 +163,41 @@ class AdapterMixin(RouteLossMixin):
         return init_cfg['checkpoint'], init_cfg.get('prefix')
 
     def init_weights(self) -> None:
-        """The base ``init_cfg`` names, loaded (again: the model around may
-        have initialised it over; a local file gone since leaves it as it is),
-        or the base classes' init without one; then the adapters' init. Logs
-        the parameter table when the base comes."""
+        """The base ``init_cfg`` names: the one read when built, copied back
+        (the model around may have initialised it over), else loaded (a local
+        file gone since leaves it as it is); or the base classes' init without
+        one; then the adapters' init. Logs the parameter table when the base
+        comes."""
         self._refuse_if_merged('cannot be initialised again')
         checkpoint, prefix = self.configured_base()
         came = self._base is None
+        read_when_built = _BASE_READ_WHEN_BUILT.pop(self, None)
         if checkpoint is None:
             super().init_weights()
             self._base = None
+        elif read_when_built is not None:
+            with torch.no_grad():
+                for name, tensor in self._base_tensors():
+                    tensor.copy_(read_when_built[name])
         elif came or '://' in checkpoint or osp.isfile(checkpoint):
             self._load_base(checkpoint, prefix)
         for module in self._adapters():
             module.reset_parameters()
         if came:
             print_log('\n' + self.parameter_report(), logger='current')
-        self._is_init = True
+        self.is_init = True
+
+    def _base_tensors(self):
+        """``(name, tensor)`` of the parameters and buffers not the adapters'."""
+        return [(name, tensor) for name, tensor in chain(
+            self.named_parameters(), self.named_buffers()) if not is_adapter_key(name)]
 
     def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
         """The base classes' ``Pretrained`` init (their loaders, conversions),
         checked like every load; errors name the file, an unconverted release
         its converter command."""
         what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
-        self._is_init = False  # mmengine's Pretrained init runs once otherwise
+        self.is_init = False  # mmengine's Pretrained init runs once otherwise
         self._base = None
         try:
             with naming_checkpoint(checkpoint, what):
@@ -247,6 +243,7 @@ class AdapterMixin(RouteLossMixin):
         """As the base class; fully frozen norms stay in eval mode (their
         statistics are the base's). Returns the module (mmpretrain's: None)."""
         super().train(mode)
+        _BASE_READ_WHEN_BUILT.pop(self, None)  # no init_weights() before a run
         if mode:
             for norm in frozen_norms(self):
                 norm.eval()

@@ -14,10 +14,11 @@ from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
 from moppa_mm.operators import MoPPAUnit, unit_terms
+from moppa_mm.utils.errors import InputValueError
+from moppa_mm.utils.params import short_repr
 from ..layers import ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
-from .class_swap import swap_class
 
 
 class ViTMoPPAUnit(MoPPAUnit):
@@ -75,8 +76,10 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 
 class ViTAdapterMixin(AdapterMixin):
     """The MoPPA ViT, mixed into a package's ``VisionTransformer`` (before
-    it). After the base ``__init__`` every layer becomes its MoPPA subclass
-    (``LAYER_CLASSES``, whose forward runs the unit) and gets a MoPPA unit
+    it). The package's ViT builds its layers itself: after its ``__init__``
+    every layer becomes an instance of its MoPPA subclass in place
+    (``LAYER_CLASSES``, whose forward runs the unit; the same module, so base
+    parameter names stay the checkpoints' keys) and gets a MoPPA unit
     before self-attention, on the patch-token grid (extra tokens such as the
     class token pass unchanged), plus scale & shift (RLRR/SSF style, paper
     supplementary) on the patch embedding, the attention
@@ -122,7 +125,7 @@ class ViTAdapterMixin(AdapterMixin):
         self.use_scale_shift = use_scale_shift
         self.embed_dims = self.patch_embed.projection.out_channels  # mmseg's ViT has none
         for layer in self.layers:
-            swap_class(layer, self.LAYER_CLASSES)
+            layer.__class__ = self.LAYER_CLASSES[type(layer)]  # in place: see the class doc
             if use_moppa:
                 heads = moppa_heads or layer.attn.num_heads
                 layer.moppa = ViTMoPPAUnit(self.embed_dims, heads, tuple(self.patch_resolution),
@@ -173,6 +176,43 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
+
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        """DeiT-3's and EVA-02's arch names (their ``'s'`` is 384-d, this class's
+        768-d; other names not this class's stop in its base class) and FFNs
+        other than the two-layer one the scale & shift runs in."""
+        arch = kwargs.get('arch', 'base')
+        if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
+            raise InputValueError(
+                f'MoPPAVisionTransformer: model.backbone.arch = {arch!r} is a DeiT3 / ViTEVA02 '
+                "arch (a 384-d or 512-d ViT), which MoPPA does not stand in for: keep that type "
+                "(mmpretrain VisionTransformer's 768-d, 8-layer 's' is given as an arch dict; "
+                "DeiT's small ViT is arch='deit-s')")
+        layer_cfgs = kwargs.get('layer_cfgs') or {}
+        for cfg in [layer_cfgs] if isinstance(layer_cfgs, dict) else layer_cfgs:
+            if (cfg.get('ffn_type', 'origin'), cfg.get('num_fcs', 2)) != ('origin', 2):
+                raise InputValueError(
+                    'MoPPAVisionTransformer: model.backbone.layer_cfgs = '
+                    f"{short_repr(layer_cfgs)}: MoPPA's scale & shift runs in the two-layer "
+                    "FFN (ffn_type='origin', num_fcs=2): keep type='VisionTransformer' for "
+                    'another FFN')
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """Stop at the base of a ViT this class does not stand in for, before
+        mmpretrain's ``pos_embed`` resize misreads it: distilled DeiT's (a
+        ``dist_token``), DeiT-3's (no class-token slot in ``pos_embed``)."""
+        pos_embed = state_dict.get(prefix + 'pos_embed')
+        tokens = pos_embed.shape[1] if isinstance(pos_embed, torch.Tensor) \
+            and pos_embed.dim() == 3 else 0  # (1, extra + H*W, C)
+        if prefix + 'dist_token' in state_dict:
+            held = "a dist_token: the base of mmpretrain's DistilledVisionTransformer"
+        elif self.cls_token is not None and tokens and math.isqrt(tokens) ** 2 == tokens:
+            held = (f'a pos_embed of {tokens} patches without a class-token slot: the base of '
+                    "another ViT (mmpretrain's DeiT3 saves it so)")
+        else:
+            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        raise InputValueError(f'{type(self).__name__}: the checkpoint holds {held}, which '
+                              'MoPPA does not stand in for: keep that type')
 
     @property
     def params_not_in_base(self) -> Tuple[str, ...]:

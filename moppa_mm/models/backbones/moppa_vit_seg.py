@@ -9,6 +9,7 @@ from mmseg.models.backbones.vit import TransformerEncoderLayer
 from mmseg.registry import MODELS
 
 from moppa_mm.operators import unit_terms
+from moppa_mm.utils.errors import InputValueError
 from ..layers.scale_shift import attach_ffn_scale_shift
 from .moppa_vit import ViTAdapterMixin
 
@@ -48,6 +49,12 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayerSeg}
+
+    def _refuse_uncovered(self, kwargs: dict) -> None:
+        if kwargs.get('num_fcs', 2) != 2:  # the scale & shift runs in two-layer FFNs
+            raise InputValueError(f"MoPPAVisionTransformerSeg: model.backbone.num_fcs = "
+                                  f"{kwargs['num_fcs']}: MoPPA's scale & shift runs in the two-"
+                                  "layer FFN: keep type='VisionTransformer' for another FFN")
 
     @property
     def num_extra_tokens(self) -> int:

@@ -1,22 +1,20 @@
 """The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin
 (the same block structure): the unit and conv adapter, the mixins of the
-package's ``SwinBlock`` and ``WindowMSA`` that run them, :class:`SwinAdapterMixin`
-(which adds them after the base ``__init__``) and :func:`register_swin`, which
-makes and registers each package's class.
+package's ``SwinBlock``, ``WindowMSA`` and ``ShiftWindowMSA`` that run them, and
+:class:`SwinAdapterMixin`, which adds them after the base ``__init__``. Each
+package's file declares its classes over these (:mod:`.moppa_swin`,
+:mod:`.moppa_swin_cls`, :mod:`.moppa_swin_seg`).
 """
-import functools
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
-from mmengine.registry import Registry
 
 from moppa_mm.operators import MoPPAUnit
 from ..layers import ConvAdapter, ScaleShift
 from ..layers.scale_shift import attach_scale_shift, refer_to, scale_shift_projection
 from .adapter_mixin import AdapterMixin
-from .class_swap import swap_class
 
 
 class SwinMoPPAUnit(MoPPAUnit):
@@ -124,9 +122,11 @@ class MoPPASwinBlockMixin:
 
 
 class SwinAdapterMixin(AdapterMixin):
-    """The MoPPA Swin: mixed into a package's ``SwinTransformer`` (before it) by
-    :func:`register_swin`, it adds the adapters to every block after the base
-    ``__init__``. The class takes all arguments of the package's Swin, plus these.
+    """The MoPPA Swin, mixed into a package's ``SwinTransformer`` (before it):
+    after the base ``__init__`` it makes every block, its ``attn`` and its
+    ``w_msa`` instances of the package's MoPPA layer classes
+    (``LAYER_CLASSES``) and adds the adapters to the block. The class takes all
+    arguments of the package's Swin, plus these.
 
     Args:
         moppa_scope (str): Where the unit's DCT runs. ``'window'`` (default): on the
@@ -139,16 +139,14 @@ class SwinAdapterMixin(AdapterMixin):
             (:class:`~moppa_mm.models.MoPPAConfig`); unset ones take the shipped
             recipe's. The unit uses the stage's attention heads.
         adapter_ratio (float): The conv adapter's bottleneck, ``hidden = round(C /
-            adapter_ratio)``. The default 7.25 puts Swin-B's trainable backbone
-            parameters (window 7, units and conv adapters) at 3.21M, +0.8% of the
-            paper's 3.18M (MoPPA units 0.06M, conv adapters 3.15M).
+            adapter_ratio)``; the default puts Swin-B near the paper's 3.18M.
         use_moppa (bool): Add the MoPPA units (False: the paper's "w/o MoPPA"
             ablation, the other adapters stay). Defaults to True.
-        use_conv_adapter (bool): Add a 3x3 conv adapter before every FFN (the
-            package's default: its class says).
+        use_conv_adapter (bool): Add a 3x3 conv adapter before every FFN, as the
+            paper does for detection. Defaults to True.
         use_scale_shift (bool): Add scale & shift (RLRR/SSF style) on the patch
             embedding, the attention's value and output projections and both FFN
-            layers, as the paper does for classification (the package's default).
+            layers, as the paper does for classification. Defaults to False.
         freeze_pretrained, route_loss_weight, route_schedule, strict_adapter_record,
             merged, random_base: The build options of every MoPPA backbone
             (:class:`~.adapter_mixin.AdapterMixin`).
@@ -157,11 +155,12 @@ class SwinAdapterMixin(AdapterMixin):
     ADAPTER_TYPES = (SwinMoPPAUnit, SwinConvAdapter, ScaleShift)
     PRETRAINED_LABEL = 'pre-trained Swin'
     IMG_SIZE_ARG = 'pretrain_img_size'  # the package's pre-training image size argument
-    LAYER_CLASSES: Dict[type, type] = {}  # the package's block classes -> their MoPPA ones
+    LAYER_CLASSES: Dict[type, type] = {}  # the package's layer classes -> their MoPPA ones
 
     def __init__(self, *args, moppa_scope: str = 'window', moppa_cfg: Optional[dict] = None,
-                 adapter_ratio: float = 7.25, use_moppa: bool = True, use_conv_adapter: bool,
-                 use_scale_shift: bool, freeze_pretrained: bool = True,
+                 adapter_ratio: float = 7.25, use_moppa: bool = True,
+                 use_conv_adapter: bool = True, use_scale_shift: bool = False,
+                 freeze_pretrained: bool = True,
                  route_loss_weight: float = 1.0, route_schedule: str = 'auto',
                  strict_adapter_record: bool = True, merged: bool = False,
                  random_base: bool = False, **kwargs) -> None:
@@ -184,6 +183,8 @@ class SwinAdapterMixin(AdapterMixin):
             scale_shift_projection(self.patch_embed, self.patch_embed.projection.out_channels)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
+        if self.frozen_stages >= 0:  # the base class freezes them at every train(): the
+            self._freeze_stages()  # frozen stages' adapters are frozen from the start
         self._build_base(merged)
 
     def arch_record(self) -> dict:
@@ -213,11 +214,14 @@ class SwinAdapterMixin(AdapterMixin):
                 'always see the window grid and merge')
 
     def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
-        """Swap ``block`` for its MoPPA subclass and register the adapters on
-        it (after the base parameters: their names and order are those of the
-        checkpoints)."""
-        swap_class(block, self.LAYER_CLASSES)
-        swap_class(block.attn, self.LAYER_CLASSES)
+        """Make ``block`` (and its attention modules) an instance of its MoPPA
+        subclass and register the adapters on it. The package's Swin builds
+        its blocks itself, and the modules stay where they are, so that every
+        base parameter keeps its name (the checkpoints' keys); the subclasses
+        add methods, no state. The adapters come after the base parameters:
+        their names and order are those of the checkpoints."""
+        block.__class__ = self.LAYER_CLASSES[type(block)]
+        block.attn.__class__ = self.LAYER_CLASSES[type(block.attn)]
         w_msa = block.attn.w_msa
         embed_dims, num_heads = w_msa.embed_dims, w_msa.num_heads
         if self.use_moppa:
@@ -227,39 +231,10 @@ class SwinAdapterMixin(AdapterMixin):
                                         **self.moppa_config.unit_kwargs())
             block.moppa.scope = self.moppa_scope
             if window:
-                swap_class(w_msa, self.LAYER_CLASSES)
+                w_msa.__class__ = self.LAYER_CLASSES[type(w_msa)]
                 refer_to(w_msa, 'window_unit', block.moppa)
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)
         if self.use_scale_shift:
             attach_scale_shift(w_msa, block.ffn, embed_dims)
-
-
-def register_swin(registry: Registry, swin: type, block: type, window_msa: type,
-                  shift_window_msa: type, suffix: str, module: str, doc: str,
-                  img_size_arg: str, pretrained_may_lack: Tuple[str, ...] = (),
-                  **defaults) -> type:
-    """Make ``MoPPASwinTransformer<suffix>``, :class:`SwinAdapterMixin` on a
-    package's ``swin`` (its ``block``, ``window_msa`` and ``shift_window_msa``
-    classes get MoPPA subclasses, ``MoPPASwinBlock<suffix>``..., attributes of
-    the class), with ``defaults`` for the mixin's arguments, ``doc``,
-    ``__module__ = module`` (for pickle), the name of the package's
-    pre-training image size argument and ``PRETRAINED_MAY_LACK``; register it
-    in the package's ``registry`` as ``MoPPASwinTransformer``. Its name is the
-    adapter record's ``backbone``, which checkpoints keep."""
-    name = 'MoPPASwinTransformer' + suffix
-    backbone = type(name, (SwinAdapterMixin, swin), dict(
-        __module__=module, __qualname__=name, __doc__=doc,
-        __init__=functools.partialmethod(SwinAdapterMixin.__init__, **defaults),
-        IMG_SIZE_ARG=img_size_arg, PRETRAINED_MAY_LACK=pretrained_may_lack, LAYER_CLASSES={}))
-    for mixin, upstream in ((MoPPASwinBlockMixin, block), (MoPPAWindowMSAMixin, window_msa),
-                            (MoPPAShiftWindowMSAMixin, shift_window_msa)):
-        layer_name = f'MoPPA{upstream.__name__}{suffix}'
-        layer = type(layer_name, (mixin, upstream), dict(
-            __module__=module, __qualname__=f'{name}.{layer_name}',
-            __doc__=f'``{upstream.__module__}.{upstream.__name__}`` with '
-                    f':class:`{mixin.__name__}`.'))
-        setattr(backbone, layer_name, layer)
-        backbone.LAYER_CLASSES[upstream] = layer
-    return registry.register_module('MoPPASwinTransformer', module=backbone)

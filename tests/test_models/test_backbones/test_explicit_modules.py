@@ -106,9 +106,8 @@ def test_forward_registers_no_hooks(name):
 
 
 def assert_copies_equal(model: nn.Module, x: torch.Tensor) -> None:
-    """EMA's deepcopy, and a pickle round trip (the classes made per package,
-    the Swins and their layer classes, are found where they are bound), give
-    the same modules and outputs."""
+    """EMA's deepcopy, and a pickle round trip (every class, the layer classes
+    too, is found by its module and name), give the same modules and outputs."""
     with torch.no_grad():
         expected = model.eval()(x)
     for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):

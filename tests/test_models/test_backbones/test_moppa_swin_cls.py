@@ -4,6 +4,7 @@ import inspect
 
 import pytest
 import torch
+from mmengine.runner import load_checkpoint, save_checkpoint
 from mmdet.registry import MODELS as DET_MODELS
 from mmpretrain.models.backbones import SwinTransformer
 from mmpretrain.registry import MODELS
@@ -13,6 +14,7 @@ from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
 from moppa_mm.models.backbones.adapter_params import is_adapter_key, parameter_breakdown
 from moppa_mm.models.backbones.load_check import PretrainedMismatchError
+from moppa_mm.models.backbones.swin_adapters import SwinAdapterMixin
 from model_converters.vit_to_mmpretrain import convert, save_backbone, swin_to_mmpretrain
 from moppa_mm.models import full_state_dict
 
@@ -51,12 +53,14 @@ def test_registered_in_mmpretrain_under_the_detection_name():
 @pytest.mark.parametrize('cls, conv_adapter, scale_shift', [
     (MoPPASwinTransformerCls, False, True), (MoPPASwinTransformer, True, False)])
 def test_each_registration_passes_its_defaults(cls, conv_adapter, scale_shift):
-    """One implementation; the signature (``help()``) shows the package's
-    defaults, and a model built without the switches has them."""
+    """One implementation (the mixin: the detector's defaults); the
+    classifier's class statement has its own defaults in its signature
+    (``help()``), and a model built without the switches has them."""
     defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()}
     assert (defaults['use_conv_adapter'], defaults['use_scale_shift']) == (
         conv_adapter, scale_shift)
-    assert defaults['moppa_scope'] == 'window' and defaults['random_base'] is False
+    shared = {k: p.default for k, p in inspect.signature(SwinAdapterMixin).parameters.items()}
+    assert shared['moppa_scope'] == 'window' and shared['random_base'] is False
     kwargs = TINY if cls is MoPPASwinTransformerCls else dict(**ARCH, out_indices=(0, 1))
     model = cls(**kwargs)
     assert (model.use_conv_adapter, model.use_scale_shift) == (conv_adapter, scale_shift)
@@ -123,6 +127,40 @@ def test_state_dict_check_names_a_release_without_its_final_norm(tmp_path):
     with pytest.raises(PretrainedMismatchError, match='missing: norm1.weight'):
         MoPPASwinTransformerCls(**TINY, init_cfg=dict(  # loads its base when built
             type='Pretrained', checkpoint=path, prefix='backbone.'))
+
+
+def before_version_3(plain):
+    """``plain``'s state as mmpretrain's Swin saved it before its version 3:
+    the final norm as ``norm.``, an ``attn_mask`` buffer, metadata version 1."""
+    state = plain.state_dict()
+    for key in [k for k in state if k.startswith('norm1.')]:  # the last of 2 stages
+        state['norm.' + key[len('norm1.'):]] = state.pop(key)
+    state['stages.0.blocks.1.attn.attn_mask'] = torch.zeros(4, 49, 49)
+    state._metadata['']['version'] = 1
+    return state
+
+
+def test_checkpoints_from_before_mmpretrain_swin_version_3_load(tmp_path):
+    """They load into the subclass as into mmpretrain's own Swin (which
+    converts them only for its own class): alone, strictly, and as the base
+    of a config (a whole model's, under its ``backbone.`` prefix, without
+    metadata: older still)."""
+    plain = plain_swin()
+    old = str(tmp_path / 'v1.pth')
+    save_checkpoint(before_version_3(plain), old)
+    whole = str(tmp_path / 'classifier.pth')
+    torch.save({'state_dict': {'backbone.' + k: v
+                               for k, v in before_version_3(plain).items()}}, whole)
+    alone = MoPPASwinTransformerCls(**TINY, random_base=True)
+    load_checkpoint(alone, old, strict=True)
+    for model in (alone,
+                  MoPPASwinTransformerCls(**TINY, init_cfg=dict(type='Pretrained',
+                                                                checkpoint=old)),
+                  MoPPASwinTransformerCls(**TINY, init_cfg=dict(
+                      type='Pretrained', checkpoint=whole, prefix='backbone.'))):
+        own = model.state_dict()
+        for key, value in plain.state_dict().items():
+            torch.testing.assert_close(own[key], value, atol=0, rtol=0, msg=key)
 
 
 def test_swin_converter_rejects_other_files():
