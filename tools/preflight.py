@@ -27,6 +27,7 @@ from mmengine.logging import print_log  # noqa: E402
 from mmengine.runner import find_latest_checkpoint  # noqa: E402
 
 from moppa_mm.utils.config_files import read_config  # noqa: E402
+from moppa_mm.utils.params import few  # noqa: E402
 from moppa_mm.utils.errors import (InputNotFoundError, InputValueError,  # noqa: E402
                                    MoPPAInputError, show_traceback, stop)
 
@@ -36,19 +37,26 @@ SPLITS = {
 }
 
 
+def _dicts(node, where: str) -> Iterator[Tuple[str, dict]]:
+    """``(config key, dict)`` of ``node`` and of every dict nested in it."""
+    if isinstance(node, dict):
+        yield where, node
+        children = [(f'{where}.{key}' if where else key, value) for key, value in node.items()]
+    elif isinstance(node, (list, tuple)):
+        children = [(f'{where}[{i}]', value) for i, value in enumerate(node)]
+    else:
+        return
+    for key, value in children:
+        yield from _dicts(value, key)
+
+
 def _dataset_method(type_name, name: str):
     """The static method ``name`` of a registered dataset class, if it has one
     (datasets that know their own inputs: ``preflight(cfg)`` checks task names
     and split files, ``num_classes(cfg)`` tells the class count)."""
-    if not isinstance(type_name, str):
-        return getattr(type_name, name, None)
     from mmdet.registry import DATASETS as MMDET_DATASETS
     from mmpretrain.registry import DATASETS as MMPRETRAIN_DATASETS
-    for registry in (MMPRETRAIN_DATASETS, MMDET_DATASETS):
-        cls = registry.get(type_name)
-        if cls is not None:
-            return getattr(cls, name, None)
-    return None
+    return getattr(_registered((MMPRETRAIN_DATASETS, MMDET_DATASETS), type_name), name, None)
 
 
 def _check_head_classes(cfg, where: str, ds) -> None:
@@ -74,24 +82,18 @@ def _check_head_classes(cfg, where: str, ds) -> None:
 CLASS_HEAD_KEYS = ('bbox_head', 'mask_head', 'decode_head', 'auxiliary_head')
 
 
-def _class_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
+def _class_heads(model) -> Iterator[Tuple[str, int]]:
     """``(config key, num_classes)`` of every class-specific bbox, mask, decode
     and auxiliary head (every stage of a cascade's lists)."""
-    if isinstance(node, dict):
+    for where, node in _dicts(model, 'model'):
         for key, value in node.items():
-            path = f'{where}.{key}'
             if key not in CLASS_HEAD_KEYS:
-                yield from _class_heads(value, path)
                 continue
-            heads = value if isinstance(value, (list, tuple)) else [value]
-            for i, head in enumerate(heads):
-                head_where = f'{path}[{i}]' if isinstance(value, (list, tuple)) else path
+            listed = isinstance(value, (list, tuple))
+            for i, head in enumerate(value if listed else [value]):
                 if isinstance(head, dict) and isinstance(head.get('num_classes'), int) \
                         and not head.get('class_agnostic', False):
-                    yield head_where, head['num_classes']
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _class_heads(value, f'{where}[{i}]')
+                    yield f'{where}.{key}' + (f'[{i}]' if listed else ''), head['num_classes']
 
 
 def _detection_or_seg_dataset_class(type_name) -> Optional[type]:
@@ -110,12 +112,6 @@ def _detection_or_seg_dataset_class(type_name) -> Optional[type]:
         if isinstance(cls, type) and issubclass(cls, base):
             return cls
     return None
-
-
-def _some(names: Sequence[str], shown: int = 10) -> str:
-    """``'a', 'b', ... (70 in all)``."""
-    from moppa_mm.utils.params import few
-    return few(map(repr, names), shown)
 
 
 # a COCO file's category list: its key (not inside a string, where a quote is
@@ -198,21 +194,22 @@ def _check_coco_categories(where: str, classes: Sequence[str], source: str,
     listed_twice = sorted({c for c in classes if list(classes).count(c) > 1})
     twice = sorted({n for n in numbered if numbered.count(n) > 1})
     if lacking:
-        problem = (f'name {_some(lacking, 5)}, which the file does not '
+        problem = (f'name {few(map(repr, lacking), 5)}, which the file does not '
                    'define: mmdet would find no annotation of it, and evaluation '
                    'would fail on its label')
     elif listed_twice:
-        problem = f'name {_some(listed_twice, 5)} twice'
+        problem = f'name {few(map(repr, listed_twice), 5)} twice'
     elif twice:
-        problem = (f'name {_some(twice, 5)}, which the file defines '
+        problem = (f'name {few(map(repr, twice), 5)}, which the file defines '
                    'more than once: mmdet would give each of those categories a '
                    'label of its own')
     else:
         problem = ('are in another order than the file\'s: mmdet numbers the '
                    "labels in the file's order, so names and labels would not match; "
                    'list them in the file\'s order')
-    raise InputValueError(f'{where}: the classes ({_some(classes)}) ({source}) {problem}. '
-                          f'{ann_file} defines the categories {_some(names)}.')
+    raise InputValueError(f'{where}: the classes ({few(map(repr, classes), 10)}) ({source}) '
+                          f'{problem}. {ann_file} defines the categories '
+                          f'{few(map(repr, names), 10)}.')
 
 
 def _local_coco_file(cls: type, ds) -> Optional[str]:
@@ -253,7 +250,7 @@ def _check_class_heads(cfg, where: str, ds) -> None:
         heads = ', '.join(f'{key}.num_classes = {n}' for key, n in wrong)
         raise InputValueError(
             f'{heads}, but {where} has {len(classes)} classes '
-            f'({_some(classes)}; {source}): each of those heads must predict exactly '
+            f'({few(map(repr, classes), 10)}; {source}): each of those heads must predict exactly '
             'the data set\'s classes (a label beyond a head fails in training, a '
             'predicted label beyond the data set in evaluation). Set those '
             f'num_classes to {len(classes)}, or the data set\'s '
@@ -274,21 +271,14 @@ def _registered(registries, type_name) -> Optional[type]:
     return None
 
 
-def _moppa_backbones(node, where: str = 'model') -> Iterator[Tuple[str, type, dict]]:
-    """``(config key, class, config)`` of every MoPPA backbone in a model config."""
+def _has_moppa_backbone(model) -> bool:
     from mmdet.registry import MODELS as MMDET_MODELS
     from mmpretrain.registry import MODELS as MMPRETRAIN_MODELS
 
     from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
-    if isinstance(node, dict):
-        cls = _registered((MMDET_MODELS, MMPRETRAIN_MODELS), node.get('type'))
-        if isinstance(cls, type) and issubclass(cls, AdapterMixin):
-            yield where, cls, node
-        for key, value in node.items():
-            yield from _moppa_backbones(value, f'{where}.{key}')
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _moppa_backbones(value, f'{where}[{i}]')
+    return any(issubclass(cls, AdapterMixin) for _, node in _dicts(model, 'model')
+               for cls in [_registered((MMDET_MODELS, MMPRETRAIN_MODELS), node.get('type'))]
+               if isinstance(cls, type))
 
 
 def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> None:
@@ -300,7 +290,7 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
     state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
     records = [key for key, value in state.items()
                if key.endswith(RECORD_KEY) and decode_record(value) is not None]
-    if records and not list(_moppa_backbones(cfg.get('model') or {})):
+    if records and not _has_moppa_backbone(cfg.get('model') or {}):
         backbone = decode_record(state[records[0]]).get('backbone')
         raise InputValueError(
             f'the checkpoint {where} = {path!r} is a MoPPA adapter checkpoint (of a '
@@ -348,21 +338,14 @@ def _check_work_dir(work_dir: str) -> None:
                               'not a folder; pass a folder for the logs and checkpoints')
 
 
-def _pretrained_checkpoints(node, where: str) -> Iterator[Tuple[str, str, Optional[str]]]:
+def _pretrained_checkpoints(model) -> Iterator[Tuple[str, str, Optional[str]]]:
     """``(config key, path, prefix)`` of every ``Pretrained`` init_cfg."""
-    if isinstance(node, dict):
+    for where, node in _dicts(model, 'model'):
         init_cfg = node.get('init_cfg')
-        init_cfgs = init_cfg if isinstance(init_cfg, list) else [init_cfg]
-        for item in init_cfgs:
+        for item in init_cfg if isinstance(init_cfg, list) else [init_cfg]:
             if isinstance(item, dict) and item.get('type') == 'Pretrained' \
                     and item.get('checkpoint'):
                 yield f'{where}.init_cfg.checkpoint', item['checkpoint'], item.get('prefix')
-        for key, value in node.items():
-            if key != 'init_cfg':
-                yield from _pretrained_checkpoints(value, f'{where}.{key}')
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _pretrained_checkpoints(value, f'{where}[{i}]')
 
 
 def _datasets(cfg, mode: str):
@@ -430,7 +413,7 @@ def check_config(cfg, mode: str = 'train') -> None:
         _check_work_dir(cfg.work_dir)
     from moppa_mm.utils.checkpoints import load_checkpoint_file
     from moppa_mm.utils.release_formats import check_converted
-    checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
+    checkpoints = list(_pretrained_checkpoints(cfg.get('model', {})))
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
     elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir') \
@@ -473,18 +456,6 @@ def check_config(cfg, mode: str = 'train') -> None:
             raise InputNotFoundError(f'annotation file not found: {where} = {path!r}')
 
 
-def _registered_types(node, where: str) -> Iterator[Tuple[str, str]]:
-    """``(config key, type name)`` of every ``type`` string under ``node``."""
-    if isinstance(node, dict):
-        if isinstance(node.get('type'), str):
-            yield f'{where}.type', node['type']
-        for key, value in node.items():
-            yield from _registered_types(value, f'{where}.{key}' if where else key)
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _registered_types(value, f'{where}[{i}]')
-
-
 def _check_our_type_names(cfg) -> None:
     """A type that no registry knows, within a typo of one of moppa_mm's
     (``MoPPASwinTransfomer``): mmengine would stop deep in the build with a
@@ -495,13 +466,14 @@ def _check_our_type_names(cfg) -> None:
     registries = roots + [child for root in roots for child in root.children.values()]
     ours = sorted({name for registry in registries for name, cls in registry.module_dict.items()
                    if getattr(cls, '__module__', '').startswith('moppa_mm')})
-    for where, name in _registered_types(cfg.to_dict(), ''):
-        if name in ours or '.' in name:  # scope.Name: mmengine's own lookup
+    for where, node in _dicts(cfg.to_dict(), ''):
+        name = node.get('type')
+        if not isinstance(name, str) or name in ours or '.' in name:  # scope.Name: mmengine's
             continue
         close = difflib.get_close_matches(name, ours, n=1, cutoff=0.9)  # not upstream names
         if close and all(name not in registry.module_dict for registry in registries):
-            raise InputValueError(f'{where} = {name!r} is not a registered type: did you '
-                                  f'mean {close[0]!r}?')
+            raise InputValueError(f'{where}.type = {name!r} is not a registered type: did '
+                                  f'you mean {close[0]!r}?')
 
 
 def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] = None,
