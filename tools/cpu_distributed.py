@@ -32,15 +32,8 @@ class CPUDistributedDataParallel(MMDistributedDataParallel):
 
 
 def setup_distributed(cfg, launcher: str) -> bool:
-    """Prepare ``cfg`` (and the process group) for CPU-only distributed runs.
-
-    Args:
-        cfg (Config): the run's config; modified in place.
-        launcher (str): 'none', 'pytorch', 'slurm' or 'mpi'.
-
-    Returns:
-        True if the CPU path was taken.
-    """
+    """Prepare ``cfg`` (in place) and the process group for a CPU-only
+    distributed run of ``launcher``; True if the CPU path was taken."""
     if launcher == 'none' or torch.cuda.is_available():
         return False
     if launcher != 'pytorch':
@@ -60,13 +53,9 @@ def setup_distributed(cfg, launcher: str) -> bool:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the default process group at the end of a run, if there is one.
-
-    mmengine never does. Left to interpreter shutdown, gloo's worker threads
-    can outlive the interpreter and abort the process ("terminate called
-    without an active exception", SIGABRT) after the work is done: measured
-    here in 3 of 13 runs of the 2-process CPU training test.
-    """
+    """Destroy the default process group at the end of a run, if there is one:
+    mmengine never does, and gloo's threads left to interpreter shutdown can
+    abort the process after the work is done (docs/cpu_quirks.md)."""
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.barrier()  # no rank tears down while another still talks
         torch_dist.destroy_process_group()

@@ -1,20 +1,12 @@
 """The paper's adaptation analysis (supplementary, "Detailed Analysis
-Implementation"; Fig. 1): how closely LoRA and MoPPA can bend a ViT-B to map
-a random token grid onto a random target.
+Implementation"; Fig. 1): how closely LoRA (qkv, rank 6) and MoPPA + scale &
+shift can bend a ViT-B's layers, only their adapters trained (AdamW, MSE), to
+map a random 14x14x768 token grid onto a random target; each trial draws a new
+input, target and base ViT (random unless ``--checkpoint``). docs/accuracy.md
+has the settings, the paper's numbers and a run.
 
     python tools/analysis/adaptation_analysis.py                      # the paper's settings
     python tools/analysis/adaptation_analysis.py --depth 1 --iters 100 --trials 3
-
-Input and target are 14x14x768 tensors drawn from U(0, 1). The tokens (with
-the ViT's class token in front, no patch embedding) pass through the ViT's
-layers; the patch tokens out of the last layer are compared with the target
-by MSE. AdamW at lr 2e-3 trains only the adapters: LoRA on qkv (mmpretrain's
-``LoRAModel``, rank 6, which roughly matches the trainable count) or MoPPA +
-scale & shift (``MoPPAVisionTransformer``). Each trial draws a new input,
-target and base ViT. The paper fine-tunes a pre-trained ViT-B for 20000
-iterations (LoRA 0.065 ± 0.0007, MoPPA 0.050 ± 0.0011); without
-``--checkpoint`` the base ViT here is randomly initialised (mmpretrain's
-init), which the table says.
 
 Prints the per-trial table and writes the figure (mean over channels of the
 target and of each method's absolute error, last trial) to ``--fig``.

@@ -6,23 +6,13 @@
 
 Keeps the weights and ``meta`` (without the random states), drops the optimizer
 state, the message hub and the scheduler states, and writes
-``<out>-<first 8 hex digits of the sha256>.pth``. The result loads with
-``torch.load(weights_only=True)``. A MoPPA checkpoint whose tensors no longer
-match the digest its adapter record took when it was saved is refused (damaged).
-
-An adapter-only checkpoint stays adapter-only (megabytes; its adapter record
-names the pre-trained backbone it was trained on, with a fingerprint; it loads
-into a model whose config's ``init_cfg`` names that base). ``--merge-base``
-builds the model from the config stored in the checkpoint (or ``--config``),
-which loads the pre-trained backbone, loads the checkpoint, and saves the whole
-model: a self-contained file, for a machine without the pre-trained file.
-
-``--merge`` does the same and then folds the adapters into the weights
-(:func:`moppa_mm.merge_adapters`): a self-contained checkpoint for inference at
-the plain backbone's speed, which ``init_detector``, ``get_model`` and
-``tools/test.py`` load into a model built merged: the backbone option
-``merged=True`` (``--cfg-options model.backbone.merged=True``). One-way: a
-merged checkpoint cannot resume training.
+``<out>-<first 8 hex digits of the sha256>.pth`` (``torch.load(weights_only=True)``
+reads it). A MoPPA checkpoint whose tensors no longer match its adapter record's
+digest is refused (damaged). An adapter-only checkpoint stays adapter-only;
+``--merge-base`` saves the whole model built from the config stored in the
+checkpoint (or ``--config``), base included: a self-contained file. ``--merge``
+also folds the adapters in (one-way; it loads into a model built with
+``model.backbone.merged=True``: docs/deploy.md).
 """
 import argparse
 import hashlib

@@ -132,16 +132,11 @@ def jax_vit_to_mmpretrain(params: Mapping[str, np.ndarray]
 
 def swin_to_mmpretrain(checkpoint: Mapping) -> 'OrderedDict[str, torch.Tensor]':
     """Official Swin release (``{'model': {'layers.*', 'patch_embed.proj.*',
-    'norm.*', 'head.*'}}``) -> mmpretrain ``SwinTransformer`` names.
-
-    mmdet's ``swin_converter`` does the renaming (``attn.`` -> ``attn.w_msa.``,
-    ``mlp.fc1`` -> ``ffn.layers.0.0``, ...) and reorders the patch-merging
-    weights from the release's strided slicing to ``nn.Unfold``'s channel
-    order, which mmpretrain's ``PatchMerging`` shares. Here the final ``norm``
-    becomes ``norm<last stage>`` (mmpretrain's Swin renames it itself only for
-    its own class, not for subclasses), and the classification head and the
-    ``attn_mask`` buffers (recomputed by the model) are dropped.
-    """
+    'norm.*', 'head.*'}}``) -> mmpretrain ``SwinTransformer`` names: mmdet's
+    ``swin_converter`` renames and reorders the patch merging into
+    ``nn.Unfold``'s channel order (mmpretrain's too); the final ``norm``
+    becomes ``norm<last stage>``; the head and the ``attn_mask`` buffers
+    (recomputed by the model) are dropped."""
     from mmdet.models.backbones.swin import swin_converter
     state = checkpoint.get('model', checkpoint)
     stages = {m.group(1) for k in state for m in [re.match(r'layers\.(\d+)\.', k)] if m}
