@@ -1,12 +1,10 @@
 """torch.distributed through mmengine on machines without CUDA (gloo).
 
-mmengine's ``_init_dist_pytorch`` calls ``torch.cuda.set_device``
-unconditionally and its Runner hands ``device_ids=[LOCAL_RANK]`` to DDP; both
-fail without CUDA. :func:`setup_distributed` starts the gloo process group
-itself (so the Runner sees it initialised and skips ``init_dist``) and selects
-:class:`CPUDistributedDataParallel`, which drops ``device_ids``. Where CUDA is
-available both are no-ops and mmengine's own path runs unchanged. Used by
-``tools/preflight.py``; importing this module registers the wrapper.
+mmengine's ``_init_dist_pytorch`` calls ``torch.cuda.set_device`` and its
+Runner hands ``device_ids=[LOCAL_RANK]`` to DDP; both fail without CUDA.
+:func:`setup_distributed` starts the gloo process group itself (the Runner then
+skips ``init_dist``) and selects :class:`CPUDistributedDataParallel`, which drops
+``device_ids``. With CUDA both are no-ops. Importing this module registers the wrapper.
 """
 import os
 
@@ -18,11 +16,8 @@ from mmengine.registry import MODEL_WRAPPERS
 
 @MODEL_WRAPPERS.register_module()
 class CPUDistributedDataParallel(MMDistributedDataParallel):
-    """``MMDistributedDataParallel`` that keeps the module on the CPU.
-
-    The Runner always passes ``device_ids=[LOCAL_RANK]``; DDP requires
-    ``device_ids=None`` for CPU modules.
-    """
+    """``MMDistributedDataParallel`` that keeps the module on the CPU (DDP
+    needs ``device_ids=None`` there; the Runner passes ``[LOCAL_RANK]``)."""
 
     def __init__(self, module, device_ids=None, broadcast_buffers=False, **kwargs):
         if next(module.parameters()).device.type == 'cpu':

@@ -2,12 +2,10 @@
 (:func:`load_config`), the checks that fail in seconds, with the culprit
 named, instead of hours in (:func:`check_config`, on the final config), and
 the Runner built after them (:func:`build_runner`); our verdicts print as one
-line (:func:`run_main`).
-
-A module of the tools, not of the package: the scripts import it and their
-other neighbours (``cpu_distributed``) by their plain names, as a script in
-``tools/`` sees them; the tests put ``tools/`` on ``sys.path`` the same way.
+line (:func:`run_main`). A module of the tools (``tools/`` on ``sys.path``, as
+a script there sees it), not of the package.
 """
+import argparse
 import difflib
 import json
 import mmap
@@ -22,7 +20,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 # run, about code that is not ours
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated', category=UserWarning)
 
-from mmengine.config import Config  # noqa: E402
+from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.logging import print_log  # noqa: E402
 from mmengine.runner import find_latest_checkpoint  # noqa: E402
 
@@ -100,18 +98,16 @@ def _detection_or_seg_dataset_class(type_name) -> Optional[type]:
     """The mmdet or mmseg data set class a dataset config builds, if it is one."""
     from mmdet.datasets import BaseDetDataset
     from mmdet.registry import DATASETS as MMDET_DATASETS
-    families = [(MMDET_DATASETS, BaseDetDataset)]
+    registries, bases = [MMDET_DATASETS], [BaseDetDataset]
     try:
         from mmseg.datasets import BaseSegDataset
         from mmseg.registry import DATASETS as MMSEG_DATASETS
-        families.append((MMSEG_DATASETS, BaseSegDataset))
+        registries.append(MMSEG_DATASETS)
+        bases.append(BaseSegDataset)
     except ImportError:  # the seg extra is not installed
         pass
-    for registry, base in families:
-        cls = registry.get(type_name) if isinstance(type_name, str) else type_name
-        if isinstance(cls, type) and issubclass(cls, base):
-            return cls
-    return None
+    cls = _registered(registries, type_name)
+    return cls if isinstance(cls, type) and issubclass(cls, tuple(bases)) else None
 
 
 # a COCO file's category list: its key (not inside a string, where a quote is
@@ -348,41 +344,35 @@ def _pretrained_checkpoints(model) -> Iterator[Tuple[str, str, Optional[str]]]:
                 yield f'{where}.init_cfg.checkpoint', item['checkpoint'], item.get('prefix')
 
 
-def _datasets(cfg, mode: str):
+def _datasets(cfg, mode: str) -> Iterator[Tuple[str, dict]]:
+    """``(config key, dataset config)`` of every data set ``mode`` reads."""
     for loader_key in SPLITS[mode]:
         loader = cfg.get(loader_key)
-        if not loader:
-            continue
-        if loader_key == 'val_dataloader' and cfg.get('val_cfg') is None:
-            continue  # no validation; val_cfg=dict() is mmengine's default ValLoop
-        dataset = loader.get('dataset', {})
-        stack = [(loader_key + '.dataset', dataset)]
-        while stack:  # wrappers (RepeatDataset, ConcatDataset) nest datasets
-            where, ds = stack.pop()
-            # a wrapper holds dataset configs; a plain dataset may have a
-            # ``dataset`` argument of its own (FGVC's dataset='cub')
-            inner = ds.get('dataset')
-            inners = ds.get('datasets')
-            if isinstance(inner, dict):
-                stack.append((where + '.dataset', inner))
-            if isinstance(inners, (list, tuple)):
-                for i, each in enumerate(inners):
-                    stack.append((f'{where}.datasets[{i}]', each))
-            if not isinstance(inner, dict) and not isinstance(inners, (list, tuple)):
-                yield where, ds
+        if loader and (loader_key != 'val_dataloader' or cfg.get('val_cfg') is not None):
+            # (val_cfg=None: no validation; dict() is mmengine's default ValLoop)
+            yield from _unwrapped(loader.get('dataset', {}), loader_key + '.dataset')
+
+
+def _unwrapped(ds, where: str) -> Iterator[Tuple[str, dict]]:
+    """The data sets inside wrappers (RepeatDataset, ConcatDataset), which hold
+    dataset configs; a plain data set may have a ``dataset`` argument of its
+    own (FGVC's ``dataset='cub'``)."""
+    inner, inners = ds.get('dataset'), ds.get('datasets')
+    if isinstance(inner, dict):
+        yield from _unwrapped(inner, where + '.dataset')
+    for i, each in enumerate(inners if isinstance(inners, (list, tuple)) else []):
+        yield from _unwrapped(each, f'{where}.datasets[{i}]')
+    if not isinstance(inner, dict) and not isinstance(inners, (list, tuple)):
+        yield where, ds
 
 
 def _evaluator_ann_files(cfg, mode: str) -> Iterator[Tuple[str, str]]:
     """The ``ann_file`` of each evaluator (CocoMetric reads its own copy)."""
-    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
-    if mode == 'train' and (not cfg.get('val_dataloader')
-                            or cfg.get('val_cfg') is None):
+    if mode == 'train' and (not cfg.get('val_dataloader') or cfg.get('val_cfg') is None):
         return
-    evaluators = cfg.get(key) or []
-    for i, evaluator in enumerate(
-            evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]):
-        where = f'{key}[{i}]' if isinstance(evaluators, (list, tuple)) else key
-        if isinstance(evaluator, dict) and evaluator.get('ann_file'):
+    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
+    for where, evaluator in _dicts(cfg.get(key), key):
+        if evaluator.get('ann_file'):
             yield f'{where}.ann_file', evaluator['ann_file']
 
 
@@ -480,9 +470,8 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
                 work_dir: Optional[str] = None, format_python_code: bool = True) -> Config:
     """The config at ``path`` with the command line's options, as mmdet's
     tools read it (``work_dir``: the argument, the config's, else
-    ``work_dirs/<config name>``). ``format_python_code=False`` skips yapf when
-    the Runner logs and dumps the config (seconds per dump for a detection
-    config)."""
+    ``work_dirs/<config name>``); ``format_python_code=False``: no yapf when
+    the Runner logs and dumps it (seconds per dump of a detection config)."""
     if not osp.isfile(path):
         raise InputNotFoundError(f'config file not found: {path!r}')
     cfg = read_config(path)
@@ -508,6 +497,18 @@ def mmpretrain_loader_defaults(cfg, loaders: Sequence[str], defaults: dict,
         for name in loaders:
             if cfg.get(name) is not None:
                 cfg[name] = {**defaults, **cfg[name], **overrides}
+
+
+def parse_tool_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Add the options both tools share with mmdet's, parse ``argv``, set ``LOCAL_RANK``."""
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config values: key=value ...')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
 
 
 def build_runner(cfg, mode: str):

@@ -39,9 +39,10 @@ def config_path(method: str, pretrain: str, task: str, config_dir: str = CONFIG_
 
 
 def method_work_root(work_root: str, method: str, pretrain: str) -> str:
-    if method == 'moppa':
-        return osp.join(work_root, pretrain)
-    return osp.join(work_root, method, pretrain)
+    """MoPPA's runs under ``<work_root>/<pretrain>``, a baseline's under
+    ``<work_root>/<method>/<pretrain>``."""
+    return osp.join(work_root, pretrain) if method == 'moppa' else \
+        osp.join(work_root, method, pretrain)
 
 
 def tool(name: str, gpus: int, *args: str) -> list:
@@ -61,14 +62,10 @@ def run_task(config: str, work_dir: str, gpus: int, extra) -> None:
 
 def trainable_params(pretrain: str, method: str, config_dir: str = CONFIG_DIR) -> float:
     """Trainable parameters (M), averaged over the 19 tasks' heads."""
+    from analysis.param_breakdown import build_model  # tools/; it loads no weights
     from moppa_mm.utils.config_files import read_config
-    from mmengine.registry import init_default_scope
-    from mmpretrain.registry import MODELS
-    init_default_scope('mmpretrain')
     cfg = read_config(config_path(method, pretrain, 'cifar', config_dir))
-    backbone = cfg.model.backbone
-    (backbone.module if backbone.type == 'LoRAModel' else backbone).init_cfg = None
-    model = MODELS.build(cfg.model)
+    model = build_model(cfg)
     adapters = sum(p.numel() for p in model.backbone.parameters() if p.requires_grad)
     dims = cfg.model.head.in_channels
     heads = sum(dims * c + c for c in VTAB_TASKS.values()) / len(VTAB_TASKS)
@@ -153,16 +150,11 @@ def last_checkpoints(work_root: str, tasks) -> dict:
 def test_config(path: str, work_dir: str, cfg_options):
     """The config as MMPretrain's tools/test.py makes it (no ``load_from``:
     the bank holds the weights), checked as tools/test.py checks it."""
-    from preflight import load_config  # tools/
-    from mmengine.config import ConfigDict
-    from preflight import check_config  # tools/
-    cfg = load_config(path, work_dir=work_dir)
+    from preflight import check_config, load_config, mmpretrain_loader_defaults  # tools/
+    cfg = load_config(path, cfg_options=cfg_options, work_dir=work_dir)
     cfg.load_from = None
-    loader = ConfigDict(pin_memory=True, collate_fn=dict(type='default_collate'))
-    loader.update(cfg.test_dataloader)
-    cfg.test_dataloader = loader
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    mmpretrain_loader_defaults(cfg, ('test_dataloader', ),
+                               dict(pin_memory=True, collate_fn=dict(type='default_collate')), {})
     checked = copy.deepcopy(cfg)  # the base is loaded (and checked) once, by the bank
     checked.model.backbone.init_cfg = None
     check_config(checked, mode='test')

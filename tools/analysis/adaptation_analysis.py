@@ -123,10 +123,6 @@ def draw(target: torch.Tensor, errors: Dict[str, torch.Tensor], path: str) -> No
     plt.close(fig)
 
 
-def trainable(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def run(depth: int, iters: int, trials: int, lr: float = 2e-3, rank: int = 6,
         moppa_cfg: Optional[dict] = None, checkpoint: Optional[str] = None,
         fig: Optional[str] = None, log=print) -> dict:
@@ -150,7 +146,7 @@ def run(depth: int, iters: int, trials: int, lr: float = 2e-3, rank: int = 6,
             started = time.perf_counter()
             torch.manual_seed(trial)
             model = build(method, depth, base, rank, moppa_cfg)
-            counts[method] = trainable(model)
+            counts[method] = sum(p.numel() for p in model.parameters() if p.requires_grad)
             prediction = fit(model, tokens, target, iters, lr)
             errors[method] = (prediction - target).abs()
             results[method].append(F.mse_loss(prediction, target).item())

@@ -20,6 +20,7 @@ from moppa_mm.utils.params import parameter_table
 
 
 def build_model(cfg):
+    """The config's model as training builds it, loading no checkpoint."""
     scope = cfg.get('default_scope', 'mmdet')
     init_default_scope(scope)
     if scope == 'mmpretrain':

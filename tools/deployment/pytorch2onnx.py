@@ -23,9 +23,9 @@ from mmengine.config import DictAction
 from torch.onnx import _constants as torch_onnx_limits
 
 import moppa_mm  # registries
-from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.utils.atomic import atomic_path
-from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
+from moppa_mm.utils.checkpoints import load_checkpoint_file
+from moppa_mm.utils.errors import MoPPAInputError
 
 TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
@@ -276,12 +276,14 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         run(args)
-    except (ExportError, CheckpointLoadError, PretrainedMismatchError, OSError,
-            ValueError) as error:
+    except (ExportError, MoPPAInputError, OSError, ValueError) as error:
         sys.exit(f'pytorch2onnx.py: {error}')
 
 
 def run(args) -> None:
+    """Export; read the opset back; with ``--verify``, compare with PyTorch. The
+    graph is written as the checkpoints are: a killed or failed export, or a
+    graph that fails a check, leaves no file."""
     cfg = load_config(args.config, cfg_options=args.cfg_options)
     check_arguments(args, cfg)
     check_installed(args.exporter, args.verify)
@@ -292,40 +294,34 @@ def run(args) -> None:
     module, output_names = export_module(model, cfg)
     shape = tuple(args.shape) if args.shape else default_shape(cfg)
     check_shape(module, shape)
-    try:  # written as the checkpoints are: a killed or failed export leaves no file
+    difference = None
+    try:
         with atomic_path(args.output_file, what='ONNX graph') as partial:
-            export_and_verify(args, partial, module, output_names, reference, shape, cfg)
-    except Exception as error:  # no graph is left that failed a check
+            export_onnx(module, partial, shape, output_names, args.exporter, args.opset)
+            opset = written_opset(partial)
+            if opset != args.opset:
+                raise ExportError(f'--opset {args.opset} asked, the {args.exporter} exporter '
+                                  f'wrote opset {opset}')
+            if reference is not None:
+                difference = verify_onnx(partial, reference, shape)
+            if difference is not None and not difference <= args.atol:  # NaN fails too
+                other = [e for e in EXPORTERS if e != args.exporter][0]
+                raise ExportError(
+                    f'onnxruntime and PyTorch differ by up to {difference:.3g} (max absolute '
+                    f'difference at batch sizes {VERIFY_BATCHES}), above the tolerance '
+                    f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph (try '
+                    f'--exporter {other})')
+    except Exception as error:
         reason = str(error) if isinstance(error, ExportError) else first_line(error)
         raise ExportError(f'{reason}; nothing written to {args.output_file}') from None
-
-
-def export_and_verify(args, path: str, module: nn.Module, output_names: Sequence[str],
-                      reference, shape: Sequence[int], cfg) -> None:
-    """Export to ``path``, read the opset back, and with ``--verify`` compare
-    with PyTorch; raises on the first failure."""
-    export_onnx(module, path, shape, output_names, args.exporter, args.opset)
-    opset = written_opset(path)
-    if opset != args.opset:
-        raise ExportError(f'--opset {args.opset} asked, the {args.exporter} exporter wrote '
-                          f'opset {opset}')
     what = 'logits' if cfg.default_scope == 'mmpretrain' else 'backbone features'
     print(f'{args.output_file}: {what} ({", ".join(output_names)}) of (batch, 3, '
           f'{shape[0]}, {shape[1]}) images, {"unmerged" if args.no_merge else "merged"} '
           f'adapters, {args.exporter} exporter, opset {opset} (read from the file); '
           f'inputs as the data preprocessor gives them ({describe_preprocessor(cfg)})')
-    if reference is None:
-        return
-    difference = verify_onnx(path, reference, shape)
-    if not difference <= args.atol:  # NaN fails too
-        other = [e for e in EXPORTERS if e != args.exporter][0]
-        raise ExportError(
-            f'onnxruntime and PyTorch differ by up to {difference:.3g} (max absolute '
-            f'difference at batch sizes {VERIFY_BATCHES}), above the tolerance '
-            f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph (try '
-            f'--exporter {other})')
-    print(f'verified: onnxruntime (CPU) matches PyTorch at batch sizes {VERIFY_BATCHES}, '
-          f'max absolute difference {difference:.2e} (tolerance {args.atol:g})')
+    if difference is not None:
+        print(f'verified: onnxruntime (CPU) matches PyTorch at batch sizes {VERIFY_BATCHES}, '
+              f'max absolute difference {difference:.2e} (tolerance {args.atol:g})')
 
 
 if __name__ == '__main__':

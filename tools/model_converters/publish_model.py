@@ -38,11 +38,9 @@ DROPPED_META = ('rng_state', )
 
 def merged_state_dict(checkpoint: dict, config: str = None,
                       merge_adapters: bool = False) -> dict:
-    """The whole model's state dict: the model built from the config (its
-    backbone loads the pre-trained base ``init_cfg`` names), the checkpoint
-    loaded, saved with :func:`moppa_mm.models.full_state_dict`; with
-    ``merge_adapters``, the adapters folded in after the load
-    (:func:`moppa_mm.merge_adapters`)."""
+    """The whole model's state dict (:func:`moppa_mm.models.full_state_dict`):
+    the model built from the config (its backbone loads its base) with the
+    checkpoint loaded and, with ``merge_adapters``, the adapters folded in."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model

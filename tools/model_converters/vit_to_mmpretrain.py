@@ -9,12 +9,10 @@
     swin    swin_base_patch4_window7_224_22k.pth    swin-b-p4-w7_in21k.pth
 
 The output loads with ``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')``.
-Sources: the JAX/timm ImageNet-21K release (``.npz``, AugReg or the original),
-the MAE pre-train checkpoint (``{'model': ...}``, timm names), MoCo v3
-(``{'state_dict': ...}``, ``module.base_encoder.``) and the official Swin
-release (``{'model': ...}``, ``layers.*``). From Python (``tools/`` on the
-path): ``from model_converters.vit_to_mmpretrain import convert, save_backbone``;
-:func:`plain_to_lora_keys` renames a plain ViT's keys for mmpretrain's ``LoRAModel``.
+Sources: the JAX/timm ImageNet-21K ``.npz`` (AugReg or the original), MAE
+(``{'model': ...}``, timm names), MoCo v3 (``module.base_encoder.``) and the
+official Swin release (``{'model': {'layers.*'...}}``). From Python (``tools/``
+on the path): ``from model_converters.vit_to_mmpretrain import convert, save_backbone``.
 """
 import argparse
 import os.path as osp
