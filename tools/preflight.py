@@ -138,16 +138,11 @@ def _json_value_at(data: mmap.mmap, start: int):
 
 
 def read_coco_categories(ann_file: str) -> Optional[List[dict]]:
-    """The ``categories`` of a COCO annotation file, read without parsing the
-    rest of it (COCO's train2017 file is 450 MB; the data set parses it once,
-    when it is built).
-
-    The file is mapped, not read, and searched from its end (where COCO files
-    keep the list) for the key; the list is parsed by ``json`` alone (nothing
-    is evaluated). Returns None when the file has no such list of ``{"id",
-    "name", ...}`` objects that parses: the data set's own loader then names
-    the fault.
-    """
+    """The ``categories`` of a COCO annotation file, without parsing the rest
+    (COCO's train2017 file is 450 MB; the data set parses it once, when built):
+    the mapped file is searched from its end (where COCO files keep the list)
+    for the key, the list parsed by ``json`` alone. None where no such list of
+    ``{"id", "name", ...}`` parses: the data set's own loader names the fault."""
     with open(ann_file, 'rb') as f:
         if os.fstat(f.fileno()).st_size == 0:
             return None
@@ -388,12 +383,8 @@ def _load_from_name(cfg, mode: str) -> str:
 
 def check_config(cfg, mode: str = 'train') -> None:
     """Raise one of our errors (:class:`MoPPAInputError`) naming the first bad
-    local input of ``mode`` ('train' or 'test'), the list in docs/checks.md:
-    a mistyped type; the checkpoints (pre-trained ``init_cfg`` and ``load_from``,
-    loaded as every loader will: safe, whole, finite; converted; no adapter
-    checkpoint as a base); the data roots and annotation files; the heads'
-    class counts against the data; ``work_dir``; ``--amp`` without a GPU.
-    Remote paths (URLs) are left to the loaders."""
+    local input of ``mode`` ('train' or 'test'), the list in docs/checks.md
+    (remote paths, URLs, are left to the loaders)."""
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
     _check_our_type_names(cfg)
@@ -530,11 +521,9 @@ def build_runner(cfg, mode: str):
 
 def run_main(main: Callable[[], None], tool: str) -> None:
     """Run a tool's ``main``: one of our verdicts on the input
-    (:class:`MoPPAInputError`: a missing file, a bad option, a damaged or
-    mismatched checkpoint) stops the process (each rank of a distributed run)
-    with ``<tool>: <message>`` on stderr and exit status 1, without a
-    traceback (``MOPPA_TRACEBACK=1`` shows it); any other exception keeps
-    its traceback. The process group, if any, is closed at the end."""
+    (:class:`MoPPAInputError`) stops the process (each rank) with ``<tool>:
+    <message>`` on stderr and exit status 1, without a traceback
+    (``MOPPA_TRACEBACK=1`` shows it); the process group is closed at the end."""
     from cpu_distributed import shutdown_distributed
     try:
         main()

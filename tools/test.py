@@ -1,7 +1,6 @@
-"""Evaluate a checkpoint (full or adapter-only) of an OpenMMLab config with
-the flags of MMDetection's, MMPretrain's and MMSegmentation's own
-tools/test.py, our checks of the final config before the Runner is built
-(``preflight``) and, without CUDA, gloo for distributed runs:
+"""Evaluate a checkpoint (full or adapter-only) of an OpenMMLab config with the
+flags of MMDetection's, MMPretrain's and MMSegmentation's own tools/test.py, our
+checks of the final config (``preflight``) and, without CUDA, gloo:
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE]
         [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher pytorch]

@@ -9,10 +9,9 @@ write the paper-shaped table with the paper's rows beside ours (<out>.md and
     python tools/vtab_sweep.py compare --pretrain in21k-augreg    # every method's rows
 
 Other backbones: --pretrain swin-b-p4-w7_in21k or vit-l-p16_in21k. Configs:
-configs/vtab1k/<method>_<backbone>_<pretrain>-pre_vtab1k-<task>.py, or the same
-names in --config-dir (e.g. copies with your data paths). Work dirs (GPUS>1 runs
-tools/dist_*.sh): <work-root>/[<method>/]<pretrain>/<task>/ (no <method>/ for MoPPA),
-the test's in .../<task>/test/ as tools/test.py writes it.
+configs/vtab1k/<method>_<backbone>_<pretrain>-pre_vtab1k-<task>.py, or the same names
+in --config-dir. Work dirs: <work-root>/[<method>/]<pretrain>/<task>/ (no <method>/
+for MoPPA), the test's in .../<task>/test/ (GPUS>1 runs tools/dist_*.sh).
 """
 import argparse
 import copy
@@ -178,13 +177,12 @@ def test_bank(args, extra, work_root: str, parser) -> None:
                          help='each task\'s predictions to DIR/<task>.pkl (as '
                          'tools/test.py --out)')
     options = options.parse_args(extra)
-    cfg_options = options.cfg_options
     checkpoints = last_checkpoints(work_root, args.tasks)
     if not checkpoints:
         parser.error(f'test-bank: no task has a checkpoint under {work_root}')
     configs = {task: test_config(
         config_path(args.method, args.pretrain, task, args.config_dir),
-        osp.join(work_root, task, 'test'), cfg_options) for task in checkpoints}
+        osp.join(work_root, task, 'test'), options.cfg_options) for task in checkpoints}
     device = get_device()
     if device == 'cpu':
         keep_freed_memory()

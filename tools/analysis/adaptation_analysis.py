@@ -31,9 +31,8 @@ import moppa_mm  # noqa: F401  registries
 from moppa_mm.models.backbones.moppa_vit import MoPPAEncoderLayer, MoPPAVisionTransformer
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 
-TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
-    sys.path.append(TOOLS)
+# tools/, appended: tools/test.py must not shadow the standard `test`
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
 from model_converters.vit_to_mmpretrain import plain_to_lora_keys  # noqa: E402
 
 GRID = (14, 14)  # ViT-B/16 at 224 px
@@ -47,8 +46,7 @@ def vit_kwargs(depth: int) -> dict:
 
 def load_base(path: str) -> Dict[str, torch.Tensor]:
     """An mmpretrain ViT-B state dict (a plain tensor file or a checkpoint with
-    ``state_dict``; ``backbone.`` prefixes dropped). Read with
-    ``weights_only=True``: no code in the file runs; NaN / inf refused."""
+    ``state_dict``; ``backbone.`` prefixes dropped), read safely, NaN refused."""
     state = load_checkpoint_file(path, what='base checkpoint')
     state = state.get('state_dict', state)
     return {k[len('backbone.'):] if k.startswith('backbone.') else k: v

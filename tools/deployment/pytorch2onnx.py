@@ -27,9 +27,8 @@ from moppa_mm.utils.atomic import atomic_path
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 from moppa_mm.utils.errors import MoPPAInputError
 
-TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
-    sys.path.append(TOOLS)
+# tools/, appended: tools/test.py must not shadow the standard `test`
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
 from preflight import _check_adapter_checkpoint_fits, load_config  # noqa: E402
 
 EXPORTERS = ('dynamo', 'torchscript')

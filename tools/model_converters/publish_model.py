@@ -33,7 +33,6 @@ from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.runner_state import RUNNER_STATE_DIGEST
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers', RUNNER_STATE_DIGEST)
-DROPPED_META = ('rng_state', )
 
 
 def merged_state_dict(checkpoint: dict, config: str = None,
@@ -73,8 +72,7 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
     for key in DROPPED:
         checkpoint.pop(key, None)
     meta = checkpoint.setdefault('meta', {})
-    for key in DROPPED_META:
-        meta.pop(key, None)
+    meta.pop('rng_state', None)
     if merge_base or merge:
         checkpoint['state_dict'] = merged_state_dict(checkpoint, config, merge)
         meta.pop('adapter_only', None)

@@ -224,12 +224,10 @@ def save_backbone(state: Dict[str, torch.Tensor], path: str, source: str = '') -
 
 def plain_to_lora_keys(state: Mapping[str, torch.Tensor],
                        lora_module: torch.nn.Module) -> 'OrderedDict[str, torch.Tensor]':
-    """A plain backbone state dict under the names of the same backbone after
-    mmpretrain's ``LoRAModel`` wrapped some of its Linears: a wrapped layer's
-    weights live under ``<name>.original_layer``. ``lora_module`` is
-    ``LoRAModel.module``; load the result with ``strict=False`` (the LoRA
-    factors are missing). (A config needs none of this: ``LoRAModel`` runs its
-    module's ``init_cfg`` before wrapping.)"""
+    """A plain backbone state dict under the names of ``lora_module``
+    (``LoRAModel.module``), whose wrapped Linears keep their weights under
+    ``<name>.original_layer``; load it with ``strict=False`` (no LoRA factors).
+    Configs need none of this: ``LoRAModel`` inits its module before wrapping."""
     wrapped = {name for name, m in lora_module.named_modules() if hasattr(m, 'original_layer')}
     renamed = OrderedDict()
     for key, value in state.items():
