@@ -1,12 +1,10 @@
 """torch.distributed through mmengine on machines without CUDA (gloo).
 
-mmengine's ``_init_dist_pytorch`` calls ``torch.cuda.set_device``
-unconditionally and its Runner hands ``device_ids=[LOCAL_RANK]`` to DDP; both
-fail without CUDA. :func:`setup_distributed` starts the gloo process group
-itself (so the Runner sees it initialised and skips ``init_dist``) and selects
-:class:`CPUDistributedDataParallel`, which drops ``device_ids``. Where CUDA is
-available both are no-ops and mmengine's own path runs unchanged. Used by
-``tools/preflight.py``; importing this module registers the wrapper.
+mmengine's ``_init_dist_pytorch`` calls ``torch.cuda.set_device`` and its
+Runner hands ``device_ids=[LOCAL_RANK]`` to DDP; both fail without CUDA.
+:func:`setup_distributed` starts the gloo process group itself (the Runner then
+skips ``init_dist``) and selects :class:`CPUDistributedDataParallel`, which drops
+``device_ids``. With CUDA both are no-ops. Importing this module registers the wrapper.
 """
 import os
 
@@ -18,11 +16,8 @@ from mmengine.registry import MODEL_WRAPPERS
 
 @MODEL_WRAPPERS.register_module()
 class CPUDistributedDataParallel(MMDistributedDataParallel):
-    """``MMDistributedDataParallel`` that keeps the module on the CPU.
-
-    The Runner always passes ``device_ids=[LOCAL_RANK]``; DDP requires
-    ``device_ids=None`` for CPU modules.
-    """
+    """``MMDistributedDataParallel`` that keeps the module on the CPU (DDP
+    needs ``device_ids=None`` there; the Runner passes ``[LOCAL_RANK]``)."""
 
     def __init__(self, module, device_ids=None, broadcast_buffers=False, **kwargs):
         if next(module.parameters()).device.type == 'cpu':
@@ -32,15 +27,8 @@ class CPUDistributedDataParallel(MMDistributedDataParallel):
 
 
 def setup_distributed(cfg, launcher: str) -> bool:
-    """Prepare ``cfg`` (and the process group) for CPU-only distributed runs.
-
-    Args:
-        cfg (Config): the run's config; modified in place.
-        launcher (str): 'none', 'pytorch', 'slurm' or 'mpi'.
-
-    Returns:
-        True if the CPU path was taken.
-    """
+    """Prepare ``cfg`` (in place) and the process group for a CPU-only
+    distributed run of ``launcher``; True if the CPU path was taken."""
     if launcher == 'none' or torch.cuda.is_available():
         return False
     if launcher != 'pytorch':
@@ -60,13 +48,9 @@ def setup_distributed(cfg, launcher: str) -> bool:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the default process group at the end of a run, if there is one.
-
-    mmengine never does. Left to interpreter shutdown, gloo's worker threads
-    can outlive the interpreter and abort the process ("terminate called
-    without an active exception", SIGABRT) after the work is done: measured
-    here in 3 of 13 runs of the 2-process CPU training test.
-    """
+    """Destroy the default process group at the end of a run, if there is one:
+    mmengine never does, and gloo's threads left to interpreter shutdown can
+    abort the process after the work is done (docs/cpu_quirks.md)."""
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.barrier()  # no rank tears down while another still talks
         torch_dist.destroy_process_group()

@@ -2,12 +2,10 @@
 (:func:`load_config`), the checks that fail in seconds, with the culprit
 named, instead of hours in (:func:`check_config`, on the final config), and
 the Runner built after them (:func:`build_runner`); our verdicts print as one
-line (:func:`run_main`).
-
-A module of the tools, not of the package: the scripts import it and their
-other neighbours (``cpu_distributed``) by their plain names, as a script in
-``tools/`` sees them; the tests put ``tools/`` on ``sys.path`` the same way.
+line (:func:`run_main`). A module of the tools (``tools/`` on ``sys.path``, as
+a script there sees it), not of the package.
 """
+import argparse
 import difflib
 import json
 import mmap
@@ -22,11 +20,12 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 # run, about code that is not ours
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated', category=UserWarning)
 
-from mmengine.config import Config  # noqa: E402
+from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.logging import print_log  # noqa: E402
 from mmengine.runner import find_latest_checkpoint  # noqa: E402
 
 from moppa_mm.utils.config_files import read_config  # noqa: E402
+from moppa_mm.utils.params import few  # noqa: E402
 from moppa_mm.utils.errors import (InputNotFoundError, InputValueError,  # noqa: E402
                                    MoPPAInputError, show_traceback, stop)
 
@@ -36,19 +35,26 @@ SPLITS = {
 }
 
 
+def _dicts(node, where: str) -> Iterator[Tuple[str, dict]]:
+    """``(config key, dict)`` of ``node`` and of every dict nested in it."""
+    if isinstance(node, dict):
+        yield where, node
+        children = [(f'{where}.{key}' if where else key, value) for key, value in node.items()]
+    elif isinstance(node, (list, tuple)):
+        children = [(f'{where}[{i}]', value) for i, value in enumerate(node)]
+    else:
+        return
+    for key, value in children:
+        yield from _dicts(value, key)
+
+
 def _dataset_method(type_name, name: str):
     """The static method ``name`` of a registered dataset class, if it has one
     (datasets that know their own inputs: ``preflight(cfg)`` checks task names
     and split files, ``num_classes(cfg)`` tells the class count)."""
-    if not isinstance(type_name, str):
-        return getattr(type_name, name, None)
     from mmdet.registry import DATASETS as MMDET_DATASETS
     from mmpretrain.registry import DATASETS as MMPRETRAIN_DATASETS
-    for registry in (MMPRETRAIN_DATASETS, MMDET_DATASETS):
-        cls = registry.get(type_name)
-        if cls is not None:
-            return getattr(cls, name, None)
-    return None
+    return getattr(_registered((MMPRETRAIN_DATASETS, MMDET_DATASETS), type_name), name, None)
 
 
 def _check_head_classes(cfg, where: str, ds) -> None:
@@ -74,48 +80,34 @@ def _check_head_classes(cfg, where: str, ds) -> None:
 CLASS_HEAD_KEYS = ('bbox_head', 'mask_head', 'decode_head', 'auxiliary_head')
 
 
-def _class_heads(node, where: str = 'model') -> Iterator[Tuple[str, int]]:
+def _class_heads(model) -> Iterator[Tuple[str, int]]:
     """``(config key, num_classes)`` of every class-specific bbox, mask, decode
     and auxiliary head (every stage of a cascade's lists)."""
-    if isinstance(node, dict):
+    for where, node in _dicts(model, 'model'):
         for key, value in node.items():
-            path = f'{where}.{key}'
             if key not in CLASS_HEAD_KEYS:
-                yield from _class_heads(value, path)
                 continue
-            heads = value if isinstance(value, (list, tuple)) else [value]
-            for i, head in enumerate(heads):
-                head_where = f'{path}[{i}]' if isinstance(value, (list, tuple)) else path
+            listed = isinstance(value, (list, tuple))
+            for i, head in enumerate(value if listed else [value]):
                 if isinstance(head, dict) and isinstance(head.get('num_classes'), int) \
                         and not head.get('class_agnostic', False):
-                    yield head_where, head['num_classes']
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _class_heads(value, f'{where}[{i}]')
+                    yield f'{where}.{key}' + (f'[{i}]' if listed else ''), head['num_classes']
 
 
 def _detection_or_seg_dataset_class(type_name) -> Optional[type]:
     """The mmdet or mmseg data set class a dataset config builds, if it is one."""
     from mmdet.datasets import BaseDetDataset
     from mmdet.registry import DATASETS as MMDET_DATASETS
-    families = [(MMDET_DATASETS, BaseDetDataset)]
+    registries, bases = [MMDET_DATASETS], [BaseDetDataset]
     try:
         from mmseg.datasets import BaseSegDataset
         from mmseg.registry import DATASETS as MMSEG_DATASETS
-        families.append((MMSEG_DATASETS, BaseSegDataset))
+        registries.append(MMSEG_DATASETS)
+        bases.append(BaseSegDataset)
     except ImportError:  # the seg extra is not installed
         pass
-    for registry, base in families:
-        cls = registry.get(type_name) if isinstance(type_name, str) else type_name
-        if isinstance(cls, type) and issubclass(cls, base):
-            return cls
-    return None
-
-
-def _some(names: Sequence[str], shown: int = 10) -> str:
-    """``'a', 'b', ... (70 in all)``."""
-    from moppa_mm.utils.params import few
-    return few(map(repr, names), shown)
+    cls = _registered(registries, type_name)
+    return cls if isinstance(cls, type) and issubclass(cls, tuple(bases)) else None
 
 
 # a COCO file's category list: its key (not inside a string, where a quote is
@@ -146,16 +138,11 @@ def _json_value_at(data: mmap.mmap, start: int):
 
 
 def read_coco_categories(ann_file: str) -> Optional[List[dict]]:
-    """The ``categories`` of a COCO annotation file, read without parsing the
-    rest of it (COCO's train2017 file is 450 MB; the data set parses it once,
-    when it is built).
-
-    The file is mapped, not read, and searched from its end (where COCO files
-    keep the list) for the key; the list is parsed by ``json`` alone (nothing
-    is evaluated). Returns None when the file has no such list of ``{"id",
-    "name", ...}`` objects that parses: the data set's own loader then names
-    the fault.
-    """
+    """The ``categories`` of a COCO annotation file, without parsing the rest
+    (COCO's train2017 file is 450 MB; the data set parses it once, when built):
+    the mapped file is searched from its end (where COCO files keep the list)
+    for the key, the list parsed by ``json`` alone. None where no such list of
+    ``{"id", "name", ...}`` parses: the data set's own loader names the fault."""
     with open(ann_file, 'rb') as f:
         if os.fstat(f.fileno()).st_size == 0:
             return None
@@ -198,21 +185,22 @@ def _check_coco_categories(where: str, classes: Sequence[str], source: str,
     listed_twice = sorted({c for c in classes if list(classes).count(c) > 1})
     twice = sorted({n for n in numbered if numbered.count(n) > 1})
     if lacking:
-        problem = (f'name {_some(lacking, 5)}, which the file does not '
+        problem = (f'name {few(map(repr, lacking), 5)}, which the file does not '
                    'define: mmdet would find no annotation of it, and evaluation '
                    'would fail on its label')
     elif listed_twice:
-        problem = f'name {_some(listed_twice, 5)} twice'
+        problem = f'name {few(map(repr, listed_twice), 5)} twice'
     elif twice:
-        problem = (f'name {_some(twice, 5)}, which the file defines '
+        problem = (f'name {few(map(repr, twice), 5)}, which the file defines '
                    'more than once: mmdet would give each of those categories a '
                    'label of its own')
     else:
         problem = ('are in another order than the file\'s: mmdet numbers the '
                    "labels in the file's order, so names and labels would not match; "
                    'list them in the file\'s order')
-    raise InputValueError(f'{where}: the classes ({_some(classes)}) ({source}) {problem}. '
-                          f'{ann_file} defines the categories {_some(names)}.')
+    raise InputValueError(f'{where}: the classes ({few(map(repr, classes), 10)}) ({source}) '
+                          f'{problem}. {ann_file} defines the categories '
+                          f'{few(map(repr, names), 10)}.')
 
 
 def _local_coco_file(cls: type, ds) -> Optional[str]:
@@ -253,7 +241,7 @@ def _check_class_heads(cfg, where: str, ds) -> None:
         heads = ', '.join(f'{key}.num_classes = {n}' for key, n in wrong)
         raise InputValueError(
             f'{heads}, but {where} has {len(classes)} classes '
-            f'({_some(classes)}; {source}): each of those heads must predict exactly '
+            f'({few(map(repr, classes), 10)}; {source}): each of those heads must predict exactly '
             'the data set\'s classes (a label beyond a head fails in training, a '
             'predicted label beyond the data set in evaluation). Set those '
             f'num_classes to {len(classes)}, or the data set\'s '
@@ -274,21 +262,14 @@ def _registered(registries, type_name) -> Optional[type]:
     return None
 
 
-def _moppa_backbones(node, where: str = 'model') -> Iterator[Tuple[str, type, dict]]:
-    """``(config key, class, config)`` of every MoPPA backbone in a model config."""
+def _has_moppa_backbone(model) -> bool:
     from mmdet.registry import MODELS as MMDET_MODELS
     from mmpretrain.registry import MODELS as MMPRETRAIN_MODELS
 
     from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
-    if isinstance(node, dict):
-        cls = _registered((MMDET_MODELS, MMPRETRAIN_MODELS), node.get('type'))
-        if isinstance(cls, type) and issubclass(cls, AdapterMixin):
-            yield where, cls, node
-        for key, value in node.items():
-            yield from _moppa_backbones(value, f'{where}.{key}')
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _moppa_backbones(value, f'{where}[{i}]')
+    return any(issubclass(cls, AdapterMixin) for _, node in _dicts(model, 'model')
+               for cls in [_registered((MMDET_MODELS, MMPRETRAIN_MODELS), node.get('type'))]
+               if isinstance(cls, type))
 
 
 def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> None:
@@ -300,7 +281,7 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
     state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
     records = [key for key, value in state.items()
                if key.endswith(RECORD_KEY) and decode_record(value) is not None]
-    if records and not list(_moppa_backbones(cfg.get('model') or {})):
+    if records and not _has_moppa_backbone(cfg.get('model') or {}):
         backbone = decode_record(state[records[0]]).get('backbone')
         raise InputValueError(
             f'the checkpoint {where} = {path!r} is a MoPPA adapter checkpoint (of a '
@@ -348,58 +329,45 @@ def _check_work_dir(work_dir: str) -> None:
                               'not a folder; pass a folder for the logs and checkpoints')
 
 
-def _pretrained_checkpoints(node, where: str) -> Iterator[Tuple[str, str, Optional[str]]]:
+def _pretrained_checkpoints(model) -> Iterator[Tuple[str, str, Optional[str]]]:
     """``(config key, path, prefix)`` of every ``Pretrained`` init_cfg."""
-    if isinstance(node, dict):
+    for where, node in _dicts(model, 'model'):
         init_cfg = node.get('init_cfg')
-        init_cfgs = init_cfg if isinstance(init_cfg, list) else [init_cfg]
-        for item in init_cfgs:
+        for item in init_cfg if isinstance(init_cfg, list) else [init_cfg]:
             if isinstance(item, dict) and item.get('type') == 'Pretrained' \
                     and item.get('checkpoint'):
                 yield f'{where}.init_cfg.checkpoint', item['checkpoint'], item.get('prefix')
-        for key, value in node.items():
-            if key != 'init_cfg':
-                yield from _pretrained_checkpoints(value, f'{where}.{key}')
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _pretrained_checkpoints(value, f'{where}[{i}]')
 
 
-def _datasets(cfg, mode: str):
+def _datasets(cfg, mode: str) -> Iterator[Tuple[str, dict]]:
+    """``(config key, dataset config)`` of every data set ``mode`` reads."""
     for loader_key in SPLITS[mode]:
         loader = cfg.get(loader_key)
-        if not loader:
-            continue
-        if loader_key == 'val_dataloader' and cfg.get('val_cfg') is None:
-            continue  # no validation; val_cfg=dict() is mmengine's default ValLoop
-        dataset = loader.get('dataset', {})
-        stack = [(loader_key + '.dataset', dataset)]
-        while stack:  # wrappers (RepeatDataset, ConcatDataset) nest datasets
-            where, ds = stack.pop()
-            # a wrapper holds dataset configs; a plain dataset may have a
-            # ``dataset`` argument of its own (FGVC's dataset='cub')
-            inner = ds.get('dataset')
-            inners = ds.get('datasets')
-            if isinstance(inner, dict):
-                stack.append((where + '.dataset', inner))
-            if isinstance(inners, (list, tuple)):
-                for i, each in enumerate(inners):
-                    stack.append((f'{where}.datasets[{i}]', each))
-            if not isinstance(inner, dict) and not isinstance(inners, (list, tuple)):
-                yield where, ds
+        if loader and (loader_key != 'val_dataloader' or cfg.get('val_cfg') is not None):
+            # (val_cfg=None: no validation; dict() is mmengine's default ValLoop)
+            yield from _unwrapped(loader.get('dataset', {}), loader_key + '.dataset')
+
+
+def _unwrapped(ds, where: str) -> Iterator[Tuple[str, dict]]:
+    """The data sets inside wrappers (RepeatDataset, ConcatDataset), which hold
+    dataset configs; a plain data set may have a ``dataset`` argument of its
+    own (FGVC's ``dataset='cub'``)."""
+    inner, inners = ds.get('dataset'), ds.get('datasets')
+    if isinstance(inner, dict):
+        yield from _unwrapped(inner, where + '.dataset')
+    for i, each in enumerate(inners if isinstance(inners, (list, tuple)) else []):
+        yield from _unwrapped(each, f'{where}.datasets[{i}]')
+    if not isinstance(inner, dict) and not isinstance(inners, (list, tuple)):
+        yield where, ds
 
 
 def _evaluator_ann_files(cfg, mode: str) -> Iterator[Tuple[str, str]]:
     """The ``ann_file`` of each evaluator (CocoMetric reads its own copy)."""
-    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
-    if mode == 'train' and (not cfg.get('val_dataloader')
-                            or cfg.get('val_cfg') is None):
+    if mode == 'train' and (not cfg.get('val_dataloader') or cfg.get('val_cfg') is None):
         return
-    evaluators = cfg.get(key) or []
-    for i, evaluator in enumerate(
-            evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]):
-        where = f'{key}[{i}]' if isinstance(evaluators, (list, tuple)) else key
-        if isinstance(evaluator, dict) and evaluator.get('ann_file'):
+    key = 'val_evaluator' if mode == 'train' else 'test_evaluator'
+    for where, evaluator in _dicts(cfg.get(key), key):
+        if evaluator.get('ann_file'):
             yield f'{where}.ann_file', evaluator['ann_file']
 
 
@@ -415,12 +383,8 @@ def _load_from_name(cfg, mode: str) -> str:
 
 def check_config(cfg, mode: str = 'train') -> None:
     """Raise one of our errors (:class:`MoPPAInputError`) naming the first bad
-    local input of ``mode`` ('train' or 'test'), the list in docs/checks.md:
-    a mistyped type; the checkpoints (pre-trained ``init_cfg`` and ``load_from``,
-    loaded as every loader will: safe, whole, finite; converted; no adapter
-    checkpoint as a base); the data roots and annotation files; the heads'
-    class counts against the data; ``work_dir``; ``--amp`` without a GPU.
-    Remote paths (URLs) are left to the loaders."""
+    local input of ``mode`` ('train' or 'test'), the list in docs/checks.md
+    (remote paths, URLs, are left to the loaders)."""
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
     _check_our_type_names(cfg)
@@ -430,7 +394,7 @@ def check_config(cfg, mode: str = 'train') -> None:
         _check_work_dir(cfg.work_dir)
     from moppa_mm.utils.checkpoints import load_checkpoint_file
     from moppa_mm.utils.release_formats import check_converted
-    checkpoints = list(_pretrained_checkpoints(cfg.get('model', {}), 'model'))
+    checkpoints = list(_pretrained_checkpoints(cfg.get('model', {})))
     if cfg.get('load_from'):
         checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
     elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir') \
@@ -473,18 +437,6 @@ def check_config(cfg, mode: str = 'train') -> None:
             raise InputNotFoundError(f'annotation file not found: {where} = {path!r}')
 
 
-def _registered_types(node, where: str) -> Iterator[Tuple[str, str]]:
-    """``(config key, type name)`` of every ``type`` string under ``node``."""
-    if isinstance(node, dict):
-        if isinstance(node.get('type'), str):
-            yield f'{where}.type', node['type']
-        for key, value in node.items():
-            yield from _registered_types(value, f'{where}.{key}' if where else key)
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from _registered_types(value, f'{where}[{i}]')
-
-
 def _check_our_type_names(cfg) -> None:
     """A type that no registry knows, within a typo of one of moppa_mm's
     (``MoPPASwinTransfomer``): mmengine would stop deep in the build with a
@@ -495,22 +447,22 @@ def _check_our_type_names(cfg) -> None:
     registries = roots + [child for root in roots for child in root.children.values()]
     ours = sorted({name for registry in registries for name, cls in registry.module_dict.items()
                    if getattr(cls, '__module__', '').startswith('moppa_mm')})
-    for where, name in _registered_types(cfg.to_dict(), ''):
-        if name in ours or '.' in name:  # scope.Name: mmengine's own lookup
+    for where, node in _dicts(cfg.to_dict(), ''):
+        name = node.get('type')
+        if not isinstance(name, str) or name in ours or '.' in name:  # scope.Name: mmengine's
             continue
         close = difflib.get_close_matches(name, ours, n=1, cutoff=0.9)  # not upstream names
         if close and all(name not in registry.module_dict for registry in registries):
-            raise InputValueError(f'{where} = {name!r} is not a registered type: did you '
-                                  f'mean {close[0]!r}?')
+            raise InputValueError(f'{where}.type = {name!r} is not a registered type: did '
+                                  f'you mean {close[0]!r}?')
 
 
 def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] = None,
                 work_dir: Optional[str] = None, format_python_code: bool = True) -> Config:
     """The config at ``path`` with the command line's options, as mmdet's
     tools read it (``work_dir``: the argument, the config's, else
-    ``work_dirs/<config name>``). ``format_python_code=False`` skips yapf when
-    the Runner logs and dumps the config (seconds per dump for a detection
-    config)."""
+    ``work_dirs/<config name>``); ``format_python_code=False``: no yapf when
+    the Runner logs and dumps it (seconds per dump of a detection config)."""
     if not osp.isfile(path):
         raise InputNotFoundError(f'config file not found: {path!r}')
     cfg = read_config(path)
@@ -538,6 +490,18 @@ def mmpretrain_loader_defaults(cfg, loaders: Sequence[str], defaults: dict,
                 cfg[name] = {**defaults, **cfg[name], **overrides}
 
 
+def parse_tool_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Add the options both tools share with mmdet's, parse ``argv``, set ``LOCAL_RANK``."""
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config values: key=value ...')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
 def build_runner(cfg, mode: str):
     """Check the final config (:func:`check_config`), set up distributed runs
     without CUDA (``cpu_distributed``) and the allocator of CPU runs, then
@@ -557,11 +521,9 @@ def build_runner(cfg, mode: str):
 
 def run_main(main: Callable[[], None], tool: str) -> None:
     """Run a tool's ``main``: one of our verdicts on the input
-    (:class:`MoPPAInputError`: a missing file, a bad option, a damaged or
-    mismatched checkpoint) stops the process (each rank of a distributed run)
-    with ``<tool>: <message>`` on stderr and exit status 1, without a
-    traceback (``MOPPA_TRACEBACK=1`` shows it); any other exception keeps
-    its traceback. The process group, if any, is closed at the end."""
+    (:class:`MoPPAInputError`) stops the process (each rank) with ``<tool>:
+    <message>`` on stderr and exit status 1, without a traceback
+    (``MOPPA_TRACEBACK=1`` shows it); the process group is closed at the end."""
     from cpu_distributed import shutdown_distributed
     try:
         main()

@@ -1,17 +1,16 @@
-"""Evaluate a checkpoint (full or adapter-only) of an OpenMMLab config with
-the flags of MMDetection's, MMPretrain's and MMSegmentation's own
-tools/test.py, our checks of the final config before the Runner is built
-(``preflight``) and, without CUDA, gloo for distributed runs:
+"""Evaluate a checkpoint (full or adapter-only) of an OpenMMLab config with the
+flags of MMDetection's, MMPretrain's and MMSegmentation's own tools/test.py, our
+checks of the final config (``preflight``) and, without CUDA, gloo:
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out FILE]
         [--show-dir DIR] [--tta] [--cfg-options k=v ...] [--launcher pytorch]
 """
 import argparse
-import os
 
 import mmengine
-from mmengine.config import ConfigDict, DictAction
-from preflight import build_runner, load_config, mmpretrain_loader_defaults, run_main
+from mmengine.config import ConfigDict
+from preflight import (build_runner, load_config, mmpretrain_loader_defaults,
+                       parse_tool_args, run_main)
 
 import moppa_mm  # noqa: F401  its modules, in every registry, before the checks
 from moppa_mm.utils.errors import InputValueError
@@ -32,14 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--tta', action='store_true', help='test-time augmentation')
     parser.add_argument('--no-pin-memory', action='store_true',
                         help='mmpretrain configs: no pin_memory in the data loader')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config values: key=value ...')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parse_tool_args(parser, argv)
 
 
 def paint_predictions(cfg, scope: str, args) -> None:

@@ -1,27 +1,17 @@
-"""Make ``import torchvision`` work in an environment where its compiled ops
-cannot load; ``tools/install.sh`` runs this file once per environment.
+"""Make ``import torchvision`` work where its compiled ops cannot load.
 
-torchvision 0.28.0 is published only as a CUDA build. On a CPU-only torch its
-``_C`` library fails to load, yet ``torchvision/_meta_registrations.py``
-registers fake kernels for ``torchvision::nms`` and ``torchvision::qnms``
-unconditionally, so the import dies with "operator torchvision::nms does not
-exist" (and with it mmpretrain, and mmdet's ``register_all_modules``).
+torchvision 0.28.0's CUDA-only wheel on a CPU-only torch dies with "operator
+torchvision::nms does not exist" (docs/cpu_quirks.md); ``tools/install.sh``
+runs this file once per environment.
 
     python tools/torchvision_ops_fix.py              # into this interpreter's site-packages
     python tools/torchvision_ops_fix.py --site-dir DIR
 
-writes ``moppa_mm_startup.pth``, whose one line loads THIS file by its path
-(it needs nothing from moppa_mm, so keep it where it is) and arms
-:func:`install_import_hook`. Nothing is imported at start-up: the first import
-of torchvision, by any code (mmdet's and mmpretrain's own tools included), first
-runs :func:`ensure_torchvision_importable`. That loads torchvision's ``_C`` the
-way torchvision does, and only if it fails defines the two operator schemas
-(no kernels; detection uses ``mmcv.ops.nms``). Where ``_C`` loads (a
-torchvision that matches the torch) nothing is defined: on a CUDA machine
-install a matching torchvision and skip this file.
-
-The package itself never patches torch: without this file, ``import moppa_mm``
-on such a stack stops with an ``ImportError`` that names it.
+writes ``moppa_mm_startup.pth``, whose one line loads THIS file by its path and
+arms :func:`install_import_hook`: the first import of torchvision, by any code,
+first runs :func:`ensure_torchvision_importable`, which defines the two operator
+schemas only where torchvision's ``_C`` fails to load. The package itself never
+patches torch.
 """
 import argparse
 import importlib.abc

@@ -1,17 +1,15 @@
 """Train a model from an OpenMMLab config (MoPPA or not) with the flags of
 MMDetection's and MMPretrain's own tools/train.py, our checks of the final
-config before the Runner is built (``preflight``: missing data or checkpoints,
-heads that do not fit the data, a mistyped type... one line each) and, without
-CUDA, gloo for distributed runs (``cpu_distributed``):
+config before the Runner is built (``preflight``) and, without CUDA, gloo for
+distributed runs (``cpu_distributed``):
 
     python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
         [--auto-scale-lr] [--no-validate] [--cfg-options k=v ...] [--launcher pytorch]
 """
 import argparse
-import os
 
-from mmengine.config import DictAction
-from preflight import build_runner, load_config, mmpretrain_loader_defaults, run_main
+from preflight import (build_runner, load_config, mmpretrain_loader_defaults,
+                       parse_tool_args, run_main)
 
 import moppa_mm  # noqa: F401  its modules, in every registry, before the checks
 from moppa_mm.utils.errors import InputValueError
@@ -32,14 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='mmpretrain configs: no pin_memory in the data loaders')
     parser.add_argument('--no-persistent-workers', action='store_true',
                         help='mmpretrain configs: no persistent_workers in the data loaders')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config values: key=value ...')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
+    return parse_tool_args(parser, argv)
 
 
 def main(argv=None) -> None:

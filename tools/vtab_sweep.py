@@ -1,25 +1,17 @@
-"""Run (or collect) the 19 VTAB-1K tasks for one pre-training and write the
-paper-shaped table (Markdown + CSV) with the paper's MoPPA row beside ours.
+"""Run the 19 VTAB-1K tasks of one pre-training, or collect their results, and
+write the paper-shaped table with the paper's rows beside ours (<out>.md and
+<out>.csv; default results/vtab1k_[<method>_]<pretrain>).
 
-    # train + test every task, one after another (GPUS>1 uses tools/dist_*.sh)
     python tools/vtab_sweep.py run --pretrain in21k-augreg [--gpus 8] [--tasks cifar dtd]
-    # only gather the results of earlier runs
-    python tools/vtab_sweep.py collect --pretrain in21k-augreg
-    # test every task's adapters (the runs' last checkpoints) on ONE base load
-    python tools/vtab_sweep.py test-bank --pretrain in21k-augreg [--tasks cifar dtd]
-    # other backbones: --pretrain swin-b-p4-w7_in21k, --pretrain vit-l-p16_in21k
+    python tools/vtab_sweep.py collect --pretrain in21k-augreg    # the runs' results only
+    python tools/vtab_sweep.py test-bank --pretrain in21k-augreg  # every task on ONE base load
+    python tools/vtab_sweep.py run --method lora --pretrain in21k-augreg  # a baseline
+    python tools/vtab_sweep.py compare --pretrain in21k-augreg    # every method's rows
 
-Work dirs: <work-root>/<pretrain>/<task>/ (training) and .../<task>/test/ (test,
-as tools/test.py writes it, with run or test-bank). Configs: configs/vtab1k/, or
---config-dir with files of the same names (e.g. copies with your data paths).
-Outputs: <out>.md and <out>.csv (default results/vtab1k_<pretrain>).
-
-Baselines (configs <method>_vit-b-p16_in21k-augreg-pre_vtab1k-<task>.py):
-    python tools/vtab_sweep.py run --method lora --pretrain in21k-augreg
-    # every method's results (ours where measured) beside the paper's rows
-    python tools/vtab_sweep.py compare --pretrain in21k-augreg
-Their work dirs: <work-root>/<method>/<pretrain>/<task>/ (MoPPA's stay as above);
-outputs: results/vtab1k_<method>_<pretrain>, results/vtab1k_compare_<pretrain>.
+Other backbones: --pretrain swin-b-p4-w7_in21k or vit-l-p16_in21k. Configs:
+configs/vtab1k/<method>_<backbone>_<pretrain>-pre_vtab1k-<task>.py, or the same names
+in --config-dir. Work dirs: <work-root>/[<method>/]<pretrain>/<task>/ (no <method>/
+for MoPPA), the test's in .../<task>/test/ (GPUS>1 runs tools/dist_*.sh).
 """
 import argparse
 import copy
@@ -39,54 +31,40 @@ import vtab_table  # noqa: E402  tools/vtab_table.py
 CONFIG_DIR = osp.join(ROOT, 'configs', 'vtab1k')
 
 
-def config_path(pretrain: str, task: str, config_dir: str = CONFIG_DIR) -> str:
+def config_path(method: str, pretrain: str, task: str, config_dir: str = CONFIG_DIR) -> str:
+    """The config of ``method`` (a config prefix, ``vtab_table.METHODS``)."""
     return osp.join(config_dir,
-                    f'moppa_{vtab_table.config_stem(pretrain)}-pre_vtab1k-{task}.py')
-
-
-def method_config_path(method: str, pretrain: str, task: str,
-                       config_dir: str = CONFIG_DIR) -> str:
-    """The config of ``method`` (a config prefix, ``vtab_table.METHODS``):
-    MoPPA's with its prefix swapped."""
-    path = config_path(pretrain, task, config_dir)
-    return osp.join(osp.dirname(path), method + osp.basename(path)[len('moppa'):])
+                    f'{method}_{vtab_table.config_stem(pretrain)}-pre_vtab1k-{task}.py')
 
 
 def method_work_root(work_root: str, method: str, pretrain: str) -> str:
-    if method == 'moppa':
-        return osp.join(work_root, pretrain)
-    return osp.join(work_root, method, pretrain)
+    """MoPPA's runs under ``<work_root>/<pretrain>``, a baseline's under
+    ``<work_root>/<method>/<pretrain>``."""
+    return osp.join(work_root, pretrain) if method == 'moppa' else \
+        osp.join(work_root, method, pretrain)
 
 
-def run_task(pretrain, task, work_dir, gpus, extra, method='moppa',
-             config_dir=CONFIG_DIR):
-    config = method_config_path(method, pretrain, task, config_dir)
+def tool(name: str, gpus: int, *args: str) -> list:
+    """The command of ``tools/<name>.py``, or of ``tools/dist_<name>.sh`` on ``gpus``."""
     if gpus > 1:
-        train = ['bash', osp.join(ROOT, 'tools/dist_train.sh'), config, str(gpus)]
-    else:
-        train = [sys.executable, osp.join(ROOT, 'tools/train.py'), config]
-    subprocess.run(train + ['--work-dir', work_dir] + extra, check=True)
+        return ['bash', osp.join(ROOT, f'tools/dist_{name}.sh'), *args, str(gpus)]
+    return [sys.executable, osp.join(ROOT, f'tools/{name}.py'), *args]
+
+
+def run_task(config: str, work_dir: str, gpus: int, extra) -> None:
+    subprocess.run(tool('train', gpus, config) + ['--work-dir', work_dir] + extra, check=True)
     with open(osp.join(work_dir, 'last_checkpoint')) as f:
         checkpoint = f.read().strip()
-    if gpus > 1:
-        test = ['bash', osp.join(ROOT, 'tools/dist_test.sh'), config, checkpoint,
-                str(gpus)]
-    else:
-        test = [sys.executable, osp.join(ROOT, 'tools/test.py'), config, checkpoint]
-    subprocess.run(test + ['--work-dir', osp.join(work_dir, 'test')] + extra, check=True)
+    subprocess.run(tool('test', gpus, config, checkpoint)
+                   + ['--work-dir', osp.join(work_dir, 'test')] + extra, check=True)
 
 
-def trainable_params(pretrain: str, method: str = 'moppa',
-                     config_dir: str = CONFIG_DIR) -> float:
+def trainable_params(pretrain: str, method: str, config_dir: str = CONFIG_DIR) -> float:
     """Trainable parameters (M), averaged over the 19 tasks' heads."""
+    from analysis.param_breakdown import build_model  # tools/; it loads no weights
     from moppa_mm.utils.config_files import read_config
-    from mmengine.registry import init_default_scope
-    from mmpretrain.registry import MODELS
-    init_default_scope('mmpretrain')
-    cfg = read_config(method_config_path(method, pretrain, 'cifar', config_dir))
-    backbone = cfg.model.backbone
-    (backbone.module if backbone.type == 'LoRAModel' else backbone).init_cfg = None
-    model = MODELS.build(cfg.model)
+    cfg = read_config(config_path(method, pretrain, 'cifar', config_dir))
+    model = build_model(cfg)
     adapters = sum(p.numel() for p in model.backbone.parameters() if p.requires_grad)
     dims = cfg.model.head.in_channels
     heads = sum(dims * c + c for c in VTAB_TASKS.values()) / len(VTAB_TASKS)
@@ -117,42 +95,41 @@ def main():
                      f'{", ".join(VTAB_TASKS)}')
     if args.mode == 'compare':
         return compare(args)
-    first_config = method_config_path(args.method, args.pretrain, args.tasks[0],
-                                      args.config_dir)
+    first_config = config_path(args.method, args.pretrain, args.tasks[0], args.config_dir)
     if not osp.isfile(first_config):
         parser.error(f'no {args.method} configs for --pretrain {args.pretrain} '
                      f'({first_config})')
     work_root = method_work_root(args.work_root, args.method, args.pretrain)
     if args.mode == 'run':
         for task in args.tasks:
-            run_task(args.pretrain, task, osp.join(work_root, task), args.gpus, extra,
-                     method=args.method, config_dir=args.config_dir)
+            run_task(config_path(args.method, args.pretrain, task, args.config_dir),
+                     osp.join(work_root, task), args.gpus, extra)
     elif args.mode == 'test-bank':
         if args.gpus > 1:
             parser.error('test-bank runs in one process (--gpus 1)')
         test_bank(args, extra, work_root, parser)
     results = vtab_table.collect(work_root)
-    params = None if args.no_params else trainable_params(args.pretrain, args.method,
-                                                          args.config_dir)
-    if args.method == 'moppa':
-        rows = vtab_table.table(args.pretrain, results, params)
-        name = args.pretrain
-    else:  # a baseline: its row beside the paper's
-        rows = vtab_table.comparison_table(args.pretrain, {args.method: results},
-                                           {args.method: params})
-        name = f'{args.method}_{args.pretrain}'
-    out = args.out or osp.join('results', f'vtab1k_{name}')
-    write_outputs(rows, out)
+    name = args.pretrain if args.method == 'moppa' else f'{args.method}_{args.pretrain}'
+    out = write_table(args, {args.method: results}, name)
     print(f'{len(results)}/19 tasks have results; wrote {out}.md and {out}.csv')
 
 
-def write_outputs(rows, out: str) -> None:
+def write_table(args, measured, name: str) -> str:
+    """The table of ``measured`` beside the paper's rows (with each method's
+    trainable parameters unless ``--no-params``), as ``<out>.md`` and ``.csv``;
+    returns ``<out>``."""
+    params = {method: trainable_params(args.pretrain, method, args.config_dir)
+              for method in measured if not args.no_params and osp.isfile(
+                  config_path(method, args.pretrain, 'cifar', args.config_dir))}
+    rows = vtab_table.table(args.pretrain, measured, params)
+    out = args.out or osp.join('results', f'vtab1k_{name}')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     with open(out + '.md', 'w') as f:
         f.write(vtab_table.to_markdown(rows))
     with open(out + '.csv', 'w') as f:
         f.write(vtab_table.to_csv(rows))
     print(vtab_table.to_markdown(rows))
+    return out
 
 
 def last_checkpoints(work_root: str, tasks) -> dict:
@@ -172,16 +149,11 @@ def last_checkpoints(work_root: str, tasks) -> dict:
 def test_config(path: str, work_dir: str, cfg_options):
     """The config as MMPretrain's tools/test.py makes it (no ``load_from``:
     the bank holds the weights), checked as tools/test.py checks it."""
-    from preflight import load_config  # tools/
-    from mmengine.config import ConfigDict
-    from preflight import check_config  # tools/
-    cfg = load_config(path, work_dir=work_dir)
+    from preflight import check_config, load_config, mmpretrain_loader_defaults  # tools/
+    cfg = load_config(path, cfg_options=cfg_options, work_dir=work_dir)
     cfg.load_from = None
-    loader = ConfigDict(pin_memory=True, collate_fn=dict(type='default_collate'))
-    loader.update(cfg.test_dataloader)
-    cfg.test_dataloader = loader
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    mmpretrain_loader_defaults(cfg, ('test_dataloader', ),
+                               dict(pin_memory=True, collate_fn=dict(type='default_collate')), {})
     checked = copy.deepcopy(cfg)  # the base is loaded (and checked) once, by the bank
     checked.model.backbone.init_cfg = None
     check_config(checked, mode='test')
@@ -205,13 +177,12 @@ def test_bank(args, extra, work_root: str, parser) -> None:
                          help='each task\'s predictions to DIR/<task>.pkl (as '
                          'tools/test.py --out)')
     options = options.parse_args(extra)
-    cfg_options = options.cfg_options
     checkpoints = last_checkpoints(work_root, args.tasks)
     if not checkpoints:
         parser.error(f'test-bank: no task has a checkpoint under {work_root}')
     configs = {task: test_config(
-        method_config_path(args.method, args.pretrain, task, args.config_dir),
-        osp.join(work_root, task, 'test'), cfg_options) for task in checkpoints}
+        config_path(args.method, args.pretrain, task, args.config_dir),
+        osp.join(work_root, task, 'test'), options.cfg_options) for task in checkpoints}
     device = get_device()
     if device == 'cpu':
         keep_freed_memory()
@@ -244,16 +215,10 @@ def test_bank(args, extra, work_root: str, parser) -> None:
 
 def compare(args) -> None:
     """Every method's collected results (ours) beside the paper's rows."""
-    measured, params = {}, {}
-    for method in args.methods:
-        measured[method] = vtab_table.collect(
-            method_work_root(args.work_root, method, args.pretrain))
-        if not args.no_params and osp.isfile(
-                method_config_path(method, args.pretrain, 'cifar', args.config_dir)):
-            params[method] = trainable_params(args.pretrain, method, args.config_dir)
-    rows = vtab_table.comparison_table(args.pretrain, measured, params)
-    out = args.out or osp.join('results', f'vtab1k_compare_{args.pretrain}')
-    write_outputs(rows, out)
+    measured = {method: vtab_table.collect(method_work_root(args.work_root, method,
+                                                            args.pretrain))
+                for method in args.methods}
+    out = write_table(args, measured, f'compare_{args.pretrain}')
     counts = ', '.join(f'{m} {len(r)}/19' for m, r in measured.items())
     print(f'tasks with results: {counts}; wrote {out}.md and {out}.csv')
 

@@ -38,6 +38,7 @@ PAPER_SUMMARY = {
                             Average=76.5, params=0.65),
 }
 PRETRAINS = tuple(PAPER_MOPPA)
+HEADER = ['method'] + list(VTAB_TASKS) + [*VTAB_GROUPS, 'Average', 'params (M)']
 
 
 def config_stem(pretrain: str) -> str:
@@ -93,16 +94,6 @@ def _row(name: str, results: Mapping[str, float], params: Optional[float]) -> Li
         cells += ['-'] * (len(VTAB_GROUPS) + 1)
     cells.append(f'{params:.3f}' if params is not None else '-')
     return cells
-
-
-def table(pretrain: str, ours: Mapping[str, float],
-          our_params: Optional[float] = None) -> List[List[str]]:
-    """Header + our row + the paper's MoPPA row."""
-    header = ['method'] + list(VTAB_TASKS) + [*VTAB_GROUPS, 'Average', 'params (M)']
-    return [header,
-            _row(f'MoPPA (moppa_mm, {pretrain})', ours, our_params),
-            _row(f'MoPPA (paper, {pretrain})', paper_results(pretrain),
-                 PAPER_SUMMARY[pretrain]['params'])]
 
 
 def to_markdown(rows: List[List[str]]) -> str:
@@ -171,12 +162,11 @@ def paper_method_params(method: str, pretrain: str) -> Optional[float]:
     return PAPER_BASELINE_SUMMARY.get(pretrain, {}).get(method, {}).get('params')
 
 
-def comparison_table(pretrain: str,
-                     measured: Mapping[str, Mapping[str, float]],
-                     our_params: Optional[Mapping[str, float]] = None
-                     ) -> List[List[str]]:
-    """Header, then per method (in :data:`METHODS` order) our row and the
-    paper's row where it has one: the paper's per-task table across methods.
+def table(pretrain: str, measured: Mapping[str, Mapping[str, float]],
+          our_params: Optional[Mapping[str, float]] = None) -> List[List[str]]:
+    """:data:`HEADER`, then per method (in :data:`METHODS` order) our row and
+    the paper's row where it has one: the paper's per-task table across
+    methods (every row of the paper's where nothing is measured).
 
     Args:
         pretrain (str): Pre-training, e.g. ``'in21k-augreg'``.
@@ -189,7 +179,7 @@ def comparison_table(pretrain: str,
         raise ValueError(f'unknown method(s) {unknown}, expected some of '
                          f'{tuple(METHODS)}')
     our_params = our_params or {}
-    rows = [table(pretrain, {})[0]]
+    rows = [list(HEADER)]
     for method, name in METHODS.items():
         if method in measured:
             rows.append(_row(f'{name} (moppa_mm, {pretrain})', measured[method],

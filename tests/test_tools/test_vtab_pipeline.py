@@ -116,14 +116,14 @@ def test_results_tool_reproduces_the_papers_means():
 
 def test_results_table_and_files(tmp_path):
     ours = {t: 50.0 + i for i, t in enumerate(VTAB_TASKS)}
-    rows = vtab_table.table('mae', ours, 0.2556)
+    rows = vtab_table.table('mae', {'moppa': ours}, {'moppa': 0.2556})
     assert rows[0][-5:] == ['Natural', 'Specialized', 'Structured', 'Average',
                             'params (M)']
     assert rows[1][-2] == f'{sum(ours.values()) / 19:.1f}'  # mean over 19 tasks
     assert rows[2][1] == '39.1' and rows[2][-2] == '69.4'
     md = vtab_table.to_markdown(rows)
     assert md.count('\n') == 4 and '| MoPPA (paper, mae) |' in md
-    partial = vtab_table.table('mae', {'cifar': 12.5})
+    partial = vtab_table.table('mae', {'moppa': {'cifar': 12.5}})
     assert partial[1][1] == '12.5' and partial[1][2] == '-' and partial[1][-2] == '-'
     with pytest.raises(KeyError, match='missing tasks'):
         vtab_table.summarize({'cifar': 1.0})
@@ -161,22 +161,22 @@ def test_paper_baseline_rows_reproduce_the_papers_means():
 
 def test_comparison_table_across_methods():
     lora = {t: 60.0 for t in VTAB_TASKS}
-    rows = vtab_table.comparison_table(
+    rows = vtab_table.table(
         'in21k-augreg', {'linear': {'cifar': 40.0}, 'lora': lora, 'moppa': {}},
         {'lora': 0.333})
     names = [r[0] for r in rows[1:]]
     assert names == ['Linear probe (moppa_mm, in21k-augreg)',  # the paper has none
                      'LoRA (moppa_mm, in21k-augreg)', 'LoRA (paper, in21k-augreg)',
                      'MoPPA (moppa_mm, in21k-augreg)', 'MoPPA (paper, in21k-augreg)']
-    assert rows[0] == vtab_table.table('in21k-augreg', {})[0]
+    assert rows[0] == vtab_table.HEADER
     assert rows[1][1:3] == ['40.0', '-']
     assert rows[2][-2:] == ['60.0', '0.333'] and rows[3][-2:] == ['72.3', '0.290']
     assert rows[4][1] == '-' and rows[5][-2] == '76.2'
-    every = vtab_table.comparison_table('in21k-augreg', {})  # the paper's rows only
+    every = vtab_table.table('in21k-augreg', {})  # the paper's rows only
     assert [r[0].rsplit(' (', 1)[0] for r in every[1:]] == [
         'Full fine-tuning', 'Scale & shift (SSF)', 'LoRA', 'MoPPA']
     with pytest.raises(ValueError, match='unknown method'):
-        vtab_table.comparison_table('in21k-augreg', {'adapter': {}})
+        vtab_table.table('in21k-augreg', {'adapter': {}})
 
 
 def _fake_result(work_root, task, top1):

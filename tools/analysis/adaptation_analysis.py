@@ -1,20 +1,12 @@
 """The paper's adaptation analysis (supplementary, "Detailed Analysis
-Implementation"; Fig. 1): how closely LoRA and MoPPA can bend a ViT-B to map
-a random token grid onto a random target.
+Implementation"; Fig. 1): how closely LoRA (qkv, rank 6) and MoPPA + scale &
+shift can bend a ViT-B's layers, only their adapters trained (AdamW, MSE), to
+map a random 14x14x768 token grid onto a random target; each trial draws a new
+input, target and base ViT (random unless ``--checkpoint``). docs/accuracy.md
+has the settings, the paper's numbers and a run.
 
     python tools/analysis/adaptation_analysis.py                      # the paper's settings
     python tools/analysis/adaptation_analysis.py --depth 1 --iters 100 --trials 3
-
-Input and target are 14x14x768 tensors drawn from U(0, 1). The tokens (with
-the ViT's class token in front, no patch embedding) pass through the ViT's
-layers; the patch tokens out of the last layer are compared with the target
-by MSE. AdamW at lr 2e-3 trains only the adapters: LoRA on qkv (mmpretrain's
-``LoRAModel``, rank 6, which roughly matches the trainable count) or MoPPA +
-scale & shift (``MoPPAVisionTransformer``). Each trial draws a new input,
-target and base ViT. The paper fine-tunes a pre-trained ViT-B for 20000
-iterations (LoRA 0.065 ± 0.0007, MoPPA 0.050 ± 0.0011); without
-``--checkpoint`` the base ViT here is randomly initialised (mmpretrain's
-init), which the table says.
 
 Prints the per-trial table and writes the figure (mean over channels of the
 target and of each method's absolute error, last trial) to ``--fig``.
@@ -39,9 +31,8 @@ import moppa_mm  # noqa: F401  registries
 from moppa_mm.models.backbones.moppa_vit import MoPPAEncoderLayer, MoPPAVisionTransformer
 from moppa_mm.utils.checkpoints import load_checkpoint_file
 
-TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
-    sys.path.append(TOOLS)
+# tools/, appended: tools/test.py must not shadow the standard `test`
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
 from model_converters.vit_to_mmpretrain import plain_to_lora_keys  # noqa: E402
 
 GRID = (14, 14)  # ViT-B/16 at 224 px
@@ -55,8 +46,7 @@ def vit_kwargs(depth: int) -> dict:
 
 def load_base(path: str) -> Dict[str, torch.Tensor]:
     """An mmpretrain ViT-B state dict (a plain tensor file or a checkpoint with
-    ``state_dict``; ``backbone.`` prefixes dropped). Read with
-    ``weights_only=True``: no code in the file runs; NaN / inf refused."""
+    ``state_dict``; ``backbone.`` prefixes dropped), read safely, NaN refused."""
     state = load_checkpoint_file(path, what='base checkpoint')
     state = state.get('state_dict', state)
     return {k[len('backbone.'):] if k.startswith('backbone.') else k: v
@@ -131,10 +121,6 @@ def draw(target: torch.Tensor, errors: Dict[str, torch.Tensor], path: str) -> No
     plt.close(fig)
 
 
-def trainable(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def run(depth: int, iters: int, trials: int, lr: float = 2e-3, rank: int = 6,
         moppa_cfg: Optional[dict] = None, checkpoint: Optional[str] = None,
         fig: Optional[str] = None, log=print) -> dict:
@@ -158,7 +144,7 @@ def run(depth: int, iters: int, trials: int, lr: float = 2e-3, rank: int = 6,
             started = time.perf_counter()
             torch.manual_seed(trial)
             model = build(method, depth, base, rank, moppa_cfg)
-            counts[method] = trainable(model)
+            counts[method] = sum(p.numel() for p in model.parameters() if p.requires_grad)
             prediction = fit(model, tokens, target, iters, lr)
             errors[method] = (prediction - target).abs()
             results[method].append(F.mse_loss(prediction, target).item())

@@ -8,6 +8,7 @@ The model is built as training builds it (the MoPPA backbones freeze themselves)
 without loading any checkpoint.
 """
 import argparse
+import os.path as osp
 import sys
 
 from mmengine.config import DictAction
@@ -15,11 +16,15 @@ from mmengine.registry import init_default_scope
 
 import moppa_mm  # noqa: F401  registries
 from moppa_mm.engine.hooks.peft_freeze_hook import DEFAULT_COMPONENTS
-from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.params import parameter_table
+
+# tools/, appended: tools/test.py must not shadow the standard `test`
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from preflight import load_config, run_main  # noqa: E402
 
 
 def build_model(cfg):
+    """The config's model as training builds it, loading no checkpoint."""
     scope = cfg.get('default_scope', 'mmdet')
     init_default_scope(scope)
     if scope == 'mmpretrain':
@@ -47,13 +52,7 @@ def main():
     parser.add_argument('config')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args()
-    try:
-        cfg = read_config(args.config)
-    except ValueError as error:  # a config out of bounds, named
-        sys.exit(f'param_breakdown.py: {error}')
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    model = build_model(cfg)
+    model = build_model(load_config(args.config, cfg_options=args.cfg_options))
     table, counts = parameter_table(model, COMPONENTS, title=args.config)
     print(table)
     backbone = sum(counts[k]['trainable'] for k in counts if k.startswith('backbone'))
@@ -63,4 +62,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main, 'param_breakdown.py')

@@ -8,6 +8,7 @@ source (paper Fig. 2) straight from the operator.
 import argparse
 import os
 import os.path as osp
+import sys
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -19,7 +20,10 @@ from mmengine.registry import MODELS, init_default_scope
 import moppa_mm  # noqa: F401  registries (the config's model)
 from moppa_mm.operators import EXPERTS, MoPPAUnit, dct2d
 from moppa_mm.utils.checkpoints import load_checkpoint_file
-from moppa_mm.utils.config_files import read_config
+
+# tools/, appended: tools/test.py must not shadow the standard `test`
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from preflight import load_config, run_main  # noqa: E402
 
 # the frequency-indexed parameters, (Hr, Wr, N) each, and what the paper calls them
 FREQUENCY_MAPS = (('heat_coef', 'k (heat)'), ('wave_coef', 'c (wave)'),
@@ -182,13 +186,7 @@ def main():
             osp.join(args.out_dir, 'priors_point_source.png'), args.size, args.time)
         print(f'wrote {path}')
         return
-    for path, what in ((args.config, 'config'), (args.checkpoint, 'checkpoint')):
-        if not osp.isfile(path):
-            raise FileNotFoundError(f'{what} file not found: {path!r}')
-    try:
-        cfg = read_config(args.config)
-    except ValueError as error:  # a config out of bounds, named
-        raise SystemExit(f'visualize_moppa.py: {error}') from None
+    cfg = load_config(args.config)  # missing or out of bounds: named
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = MODELS.build(cfg.model)  # no init_weights: only MoPPA tensors are drawn
     checkpoint = load_checkpoint_file(args.checkpoint)  # safe; NaN / inf refused
@@ -200,4 +198,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main, 'visualize_moppa.py')

@@ -25,12 +25,9 @@ def make_vtab_task(root: str, task: str = DEMO_TASK,
                    split_sizes: Mapping[str, int] = (('train800val200', 40),
                                                      ('test', 20)),
                    size: int = 32, seed: int = 0) -> str:
-    """Write ``<root>/<task>/{split}.txt`` and ``images/<split>/*.jpg``.
-
-    Image ``i`` has label ``i % classes``; its colour channel ``label % 3`` is
-    lifted by an amount that grows with the label, so a model can learn it.
-    Returns the task folder.
-    """
+    """Write ``<root>/<task>/{split}.txt`` and ``images/<split>/*.jpg``; returns
+    the task folder. Image ``i`` has label ``i % classes``; its colour channel
+    ``label % 3`` is lifted by an amount that grows with the label (learnable)."""
     if task not in VTAB_TASKS:
         raise ValueError(f'unknown VTAB-1K task {task!r}')
     classes = VTAB_TASKS[task]

@@ -1,41 +1,12 @@
-"""Export a MoPPA model to ONNX (MMPretrain 0.x's ``tools/deployment`` convention).
+"""Export a MoPPA model to ONNX (MMPretrain 0.x's ``tools/deployment`` convention):
+an MMPretrain classifier's logits, or an MMDetection model's MoPPA Swin
+backbone features, with the adapters merged (``--no-merge``: as they are) and
+the batch as a dynamic axis. ``--verify`` compares onnxruntime with PyTorch.
+The graph is written as the checkpoints are (a temporary file, renamed once
+every check passed); docs/deploy.md says what is exported and what is refused.
 
     python tools/deployment/pytorch2onnx.py CONFIG CHECKPOINT --output-file F.onnx --verify
         [--shape H W] [--opset 18] [--exporter {dynamo,torchscript}] [--no-merge]
-
-What is exported, with the batch as a dynamic axis (``batch``):
-
-- an MMPretrain config (``default_scope='mmpretrain'``): the classifier's
-  logits, ``model(images, mode='tensor')``: input ``input`` (B, 3, H, W),
-  output ``logits`` (B, classes), before softmax;
-- an MMDetection config: the MoPPA Swin BACKBONE's multi-scale features,
-  input ``input`` (B, 3, H, W), outputs ``feat0``, ``feat1``... (one per
-  ``out_indices``), for a neck and heads run elsewhere (see docs/deploy.md for
-  what mmdeploy does with the whole detector).
-
-The images are the data preprocessor's output (normalised, channels in the
-model's order): the preprocessor is not part of the graph; its mean and std
-are printed. The checkpoint loads as our tools load it (``weights_only``; an
-adapter-only checkpoint needs the pre-trained base the config's ``init_cfg``
-names, which the model loads when built; a merged one needs a
-config with ``model.backbone.merged=True``). The adapters are merged into the weights first
-(:func:`moppa_mm.merge_adapters`; ``--no-merge`` exports them as they are).
-
-``--exporter``: ``dynamo`` (torch's default, ``torch.onnx.export(...,
-dynamo=True)`` through ``torch.export``) or ``torchscript`` (the older
-tracer, ``dynamo=False``); both give the same graph up to float rounding.
-``--verify`` runs the graph in onnxruntime (CPU) on random images at batch
-sizes other than the export's and compares it with the PyTorch model as
-loaded (unmerged).
-
-Refused before any export, in one line: a ``--shape`` that is not positive or
-that the model refuses, an ``--opset`` outside what the exporter writes for
-the backbone (:func:`lowest_opset`, :func:`highest_opset`). The graph is
-written as the checkpoints are (a temporary file, renamed once every check
-passed): one whose opset (read back from the file) is not the one asked for,
-that the exporter or ``onnx.checker`` fails on, or that fails ``--verify``
-(outputs, an onnxruntime error, a difference above ``--atol``) is not
-written, and the tool exits with the reason (docs/deploy.md).
 
 Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime): ``pip install -e .[deploy]``.
 """
@@ -52,15 +23,13 @@ from mmengine.config import DictAction
 from torch.onnx import _constants as torch_onnx_limits
 
 import moppa_mm  # registries
-from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.utils.atomic import atomic_path
-from moppa_mm.utils.checkpoints import CheckpointLoadError, load_checkpoint_file
-from moppa_mm.utils.config_files import read_config
+from moppa_mm.utils.checkpoints import load_checkpoint_file
+from moppa_mm.utils.errors import MoPPAInputError
 
-TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if TOOLS not in sys.path:  # appended: tools/test.py must not shadow the standard `test`
-    sys.path.append(TOOLS)
-from preflight import _check_adapter_checkpoint_fits  # noqa: E402
+# tools/, appended: tools/test.py must not shadow the standard `test`
+sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from preflight import _check_adapter_checkpoint_fits, load_config  # noqa: E402
 
 EXPORTERS = ('dynamo', 'torchscript')
 DEFAULT_OPSET = 18  # the dynamo exporter's own; the TorchScript one supports it too
@@ -76,11 +45,9 @@ class ExportError(RuntimeError):
 
 
 def lowest_opset(exporter: str, backbone_type: str) -> int:
-    """The lowest opset ``exporter`` writes for the backbone, measured on the
-    MoPPA ViT and Swin, merged and unmerged: below 18 the dynamo exporter's
-    version conversion gives up (the file keeps opset 18); the TorchScript
-    exporter has the ViT's ``scaled_dot_product_attention`` from opset 14 and
-    the Swin's window padding (a Pad of computed sizes) from 11."""
+    """The lowest opset ``exporter`` writes for the backbone (docs/deploy.md:
+    the dynamo exporter's version conversion, the ViT's attention, the Swin's
+    window padding)."""
     if exporter == 'dynamo':
         return 18
     return 11 if 'Swin' in backbone_type else 14
@@ -175,12 +142,6 @@ def build_model(cfg) -> nn.Module:
                           "mmdet detector's backbone")
     init_default_scope(scope)
     return MODELS.build(copy.deepcopy(cfg.model))
-
-
-def load_config(config: str):
-    if not osp.isfile(config):
-        raise FileNotFoundError(f'config file not found: {config!r}')
-    return read_config(config)
 
 
 def load_model(cfg, checkpoint: str) -> nn.Module:
@@ -314,15 +275,15 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     try:
         run(args)
-    except (ExportError, CheckpointLoadError, PretrainedMismatchError, OSError,
-            ValueError) as error:
+    except (ExportError, MoPPAInputError, OSError, ValueError) as error:
         sys.exit(f'pytorch2onnx.py: {error}')
 
 
 def run(args) -> None:
-    cfg = load_config(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    """Export; read the opset back; with ``--verify``, compare with PyTorch. The
+    graph is written as the checkpoints are: a killed or failed export, or a
+    graph that fails a check, leaves no file."""
+    cfg = load_config(args.config, cfg_options=args.cfg_options)
     check_arguments(args, cfg)
     check_installed(args.exporter, args.verify)
     model = load_model(cfg, args.checkpoint)
@@ -332,40 +293,34 @@ def run(args) -> None:
     module, output_names = export_module(model, cfg)
     shape = tuple(args.shape) if args.shape else default_shape(cfg)
     check_shape(module, shape)
-    try:  # written as the checkpoints are: a killed or failed export leaves no file
+    difference = None
+    try:
         with atomic_path(args.output_file, what='ONNX graph') as partial:
-            export_and_verify(args, partial, module, output_names, reference, shape, cfg)
-    except Exception as error:  # no graph is left that failed a check
+            export_onnx(module, partial, shape, output_names, args.exporter, args.opset)
+            opset = written_opset(partial)
+            if opset != args.opset:
+                raise ExportError(f'--opset {args.opset} asked, the {args.exporter} exporter '
+                                  f'wrote opset {opset}')
+            if reference is not None:
+                difference = verify_onnx(partial, reference, shape)
+            if difference is not None and not difference <= args.atol:  # NaN fails too
+                other = [e for e in EXPORTERS if e != args.exporter][0]
+                raise ExportError(
+                    f'onnxruntime and PyTorch differ by up to {difference:.3g} (max absolute '
+                    f'difference at batch sizes {VERIFY_BATCHES}), above the tolerance '
+                    f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph (try '
+                    f'--exporter {other})')
+    except Exception as error:
         reason = str(error) if isinstance(error, ExportError) else first_line(error)
         raise ExportError(f'{reason}; nothing written to {args.output_file}') from None
-
-
-def export_and_verify(args, path: str, module: nn.Module, output_names: Sequence[str],
-                      reference, shape: Sequence[int], cfg) -> None:
-    """Export to ``path``, read the opset back, and with ``--verify`` compare
-    with PyTorch; raises on the first failure."""
-    export_onnx(module, path, shape, output_names, args.exporter, args.opset)
-    opset = written_opset(path)
-    if opset != args.opset:
-        raise ExportError(f'--opset {args.opset} asked, the {args.exporter} exporter wrote '
-                          f'opset {opset}')
     what = 'logits' if cfg.default_scope == 'mmpretrain' else 'backbone features'
     print(f'{args.output_file}: {what} ({", ".join(output_names)}) of (batch, 3, '
           f'{shape[0]}, {shape[1]}) images, {"unmerged" if args.no_merge else "merged"} '
           f'adapters, {args.exporter} exporter, opset {opset} (read from the file); '
           f'inputs as the data preprocessor gives them ({describe_preprocessor(cfg)})')
-    if reference is None:
-        return
-    difference = verify_onnx(path, reference, shape)
-    if not difference <= args.atol:  # NaN fails too
-        other = [e for e in EXPORTERS if e != args.exporter][0]
-        raise ExportError(
-            f'onnxruntime and PyTorch differ by up to {difference:.3g} (max absolute '
-            f'difference at batch sizes {VERIFY_BATCHES}), above the tolerance '
-            f'{args.atol:g}: the {args.exporter} exporter gave a wrong graph (try '
-            f'--exporter {other})')
-    print(f'verified: onnxruntime (CPU) matches PyTorch at batch sizes {VERIFY_BATCHES}, '
-          f'max absolute difference {difference:.2e} (tolerance {args.atol:g})')
+    if difference is not None:
+        print(f'verified: onnxruntime (CPU) matches PyTorch at batch sizes {VERIFY_BATCHES}, '
+              f'max absolute difference {difference:.2e} (tolerance {args.atol:g})')
 
 
 if __name__ == '__main__':

@@ -6,23 +6,13 @@
 
 Keeps the weights and ``meta`` (without the random states), drops the optimizer
 state, the message hub and the scheduler states, and writes
-``<out>-<first 8 hex digits of the sha256>.pth``. The result loads with
-``torch.load(weights_only=True)``. A MoPPA checkpoint whose tensors no longer
-match the digest its adapter record took when it was saved is refused (damaged).
-
-An adapter-only checkpoint stays adapter-only (megabytes; its adapter record
-names the pre-trained backbone it was trained on, with a fingerprint; it loads
-into a model whose config's ``init_cfg`` names that base). ``--merge-base``
-builds the model from the config stored in the checkpoint (or ``--config``),
-which loads the pre-trained backbone, loads the checkpoint, and saves the whole
-model: a self-contained file, for a machine without the pre-trained file.
-
-``--merge`` does the same and then folds the adapters into the weights
-(:func:`moppa_mm.merge_adapters`): a self-contained checkpoint for inference at
-the plain backbone's speed, which ``init_detector``, ``get_model`` and
-``tools/test.py`` load into a model built merged: the backbone option
-``merged=True`` (``--cfg-options model.backbone.merged=True``). One-way: a
-merged checkpoint cannot resume training.
+``<out>-<first 8 hex digits of the sha256>.pth`` (``torch.load(weights_only=True)``
+reads it). A MoPPA checkpoint whose tensors no longer match its adapter record's
+digest is refused (damaged). An adapter-only checkpoint stays adapter-only;
+``--merge-base`` saves the whole model built from the config stored in the
+checkpoint (or ``--config``), base included: a self-contained file. ``--merge``
+also folds the adapters in (one-way; it loads into a model built with
+``model.backbone.merged=True``: docs/deploy.md).
 """
 import argparse
 import hashlib
@@ -43,16 +33,13 @@ from moppa_mm.utils.config_files import read_config
 from moppa_mm.utils.runner_state import RUNNER_STATE_DIGEST
 
 DROPPED = ('optimizer', 'message_hub', 'param_schedulers', RUNNER_STATE_DIGEST)
-DROPPED_META = ('rng_state', )
 
 
 def merged_state_dict(checkpoint: dict, config: str = None,
                       merge_adapters: bool = False) -> dict:
-    """The whole model's state dict: the model built from the config (its
-    backbone loads the pre-trained base ``init_cfg`` names), the checkpoint
-    loaded, saved with :func:`moppa_mm.models.full_state_dict`; with
-    ``merge_adapters``, the adapters folded in after the load
-    (:func:`moppa_mm.merge_adapters`)."""
+    """The whole model's state dict (:func:`moppa_mm.models.full_state_dict`):
+    the model built from the config (its backbone loads its base) with the
+    checkpoint loaded and, with ``merge_adapters``, the adapters folded in."""
     from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
@@ -85,8 +72,7 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
     for key in DROPPED:
         checkpoint.pop(key, None)
     meta = checkpoint.setdefault('meta', {})
-    for key in DROPPED_META:
-        meta.pop(key, None)
+    meta.pop('rng_state', None)
     if merge_base or merge:
         checkpoint['state_dict'] = merged_state_dict(checkpoint, config, merge)
         meta.pop('adapter_only', None)

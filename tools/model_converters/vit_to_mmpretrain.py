@@ -9,12 +9,10 @@
     swin    swin_base_patch4_window7_224_22k.pth    swin-b-p4-w7_in21k.pth
 
 The output loads with ``init_cfg=dict(type='Pretrained', checkpoint=DST, prefix='backbone.')``.
-Sources: the JAX/timm ImageNet-21K release (``.npz``, AugReg or the original),
-the MAE pre-train checkpoint (``{'model': ...}``, timm names), MoCo v3
-(``{'state_dict': ...}``, ``module.base_encoder.``) and the official Swin
-release (``{'model': ...}``, ``layers.*``). From Python (``tools/`` on the
-path): ``from model_converters.vit_to_mmpretrain import convert, save_backbone``;
-:func:`plain_to_lora_keys` renames a plain ViT's keys for mmpretrain's ``LoRAModel``.
+Sources: the JAX/timm ImageNet-21K ``.npz`` (AugReg or the original), MAE
+(``{'model': ...}``, timm names), MoCo v3 (``module.base_encoder.``) and the
+official Swin release (``{'model': {'layers.*'...}}``). From Python (``tools/``
+on the path): ``from model_converters.vit_to_mmpretrain import convert, save_backbone``.
 """
 import argparse
 import os.path as osp
@@ -132,16 +130,11 @@ def jax_vit_to_mmpretrain(params: Mapping[str, np.ndarray]
 
 def swin_to_mmpretrain(checkpoint: Mapping) -> 'OrderedDict[str, torch.Tensor]':
     """Official Swin release (``{'model': {'layers.*', 'patch_embed.proj.*',
-    'norm.*', 'head.*'}}``) -> mmpretrain ``SwinTransformer`` names.
-
-    mmdet's ``swin_converter`` does the renaming (``attn.`` -> ``attn.w_msa.``,
-    ``mlp.fc1`` -> ``ffn.layers.0.0``, ...) and reorders the patch-merging
-    weights from the release's strided slicing to ``nn.Unfold``'s channel
-    order, which mmpretrain's ``PatchMerging`` shares. Here the final ``norm``
-    becomes ``norm<last stage>`` (mmpretrain's Swin renames it itself only for
-    its own class, not for subclasses), and the classification head and the
-    ``attn_mask`` buffers (recomputed by the model) are dropped.
-    """
+    'norm.*', 'head.*'}}``) -> mmpretrain ``SwinTransformer`` names: mmdet's
+    ``swin_converter`` renames and reorders the patch merging into
+    ``nn.Unfold``'s channel order (mmpretrain's too); the final ``norm``
+    becomes ``norm<last stage>``; the head and the ``attn_mask`` buffers
+    (recomputed by the model) are dropped."""
     from mmdet.models.backbones.swin import swin_converter
     state = checkpoint.get('model', checkpoint)
     stages = {m.group(1) for k in state for m in [re.match(r'layers\.(\d+)\.', k)] if m}
@@ -231,12 +224,10 @@ def save_backbone(state: Dict[str, torch.Tensor], path: str, source: str = '') -
 
 def plain_to_lora_keys(state: Mapping[str, torch.Tensor],
                        lora_module: torch.nn.Module) -> 'OrderedDict[str, torch.Tensor]':
-    """A plain backbone state dict under the names of the same backbone after
-    mmpretrain's ``LoRAModel`` wrapped some of its Linears: a wrapped layer's
-    weights live under ``<name>.original_layer``. ``lora_module`` is
-    ``LoRAModel.module``; load the result with ``strict=False`` (the LoRA
-    factors are missing). (A config needs none of this: ``LoRAModel`` runs its
-    module's ``init_cfg`` before wrapping.)"""
+    """A plain backbone state dict under the names of ``lora_module``
+    (``LoRAModel.module``), whose wrapped Linears keep their weights under
+    ``<name>.original_layer``; load it with ``strict=False`` (no LoRA factors).
+    Configs need none of this: ``LoRAModel`` inits its module before wrapping."""
     wrapped = {name for name, m in lora_module.named_modules() if hasattr(m, 'original_layer')}
     renamed = OrderedDict()
     for key, value in state.items():
