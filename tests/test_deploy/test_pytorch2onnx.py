@@ -15,7 +15,7 @@ from mmengine.config import Config
 
 from moppa_mm.models import full_state_dict
 from moppa_mm.operators import dct
-from tests.conftest import DEMO_CONFIG, PYTHON, REPO
+from tests.conftest import DEMO_CONFIG, PYTHON, REPO, child_env
 from tests.test_deploy.test_merge import SWIN, build, trained
 from tests.test_models.test_adapter_record import classifier_cfg
 
@@ -140,7 +140,7 @@ def test_what_the_tool_refuses(vit, tmp_path, monkeypatch):
 
 def run_tool(*args, returncode=0):
     result = subprocess.run([PYTHON, TOOL, *args], capture_output=True, text=True,
-                            cwd=REPO, timeout=600)
+                            cwd=REPO, env=child_env(), timeout=600)
     assert result.returncode == returncode, result.stderr[-3000:]
     return result.stdout if returncode == 0 else result.stderr
 

@@ -179,8 +179,9 @@ def test_another_models_checkpoint_stops_naming_both(detector, tmp_path):  # noq
     cfg.backbone.strict_adapter_record = False
     new_task = build(cfg, scope='mmdet')
     load_checkpoint(new_task, mask_path, map_location='cpu')  # a warning: adapters load
-    torch.testing.assert_close(new_task.backbone.stages[0].blocks[0].moppa.source_channel,
-                               mask.backbone.stages[0].blocks[0].moppa.source_channel)
+    torch.testing.assert_close(
+        new_task.backbone.stages[0].blocks[0].attn.w_msa.moppa.source_channel,
+        mask.backbone.stages[0].blocks[0].attn.w_msa.moppa.source_channel)
 
 
 def test_the_adapter_checkpoint_hook_is_a_deprecated_no_op():

@@ -32,7 +32,7 @@ from moppa_mm.operators.tracing import is_capturing
 from moppa_mm.utils.checkpoints import check_converted, load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError, MoPPAInputError
 from moppa_mm.utils.params import frozen_norms, parameter_table, set_trainable, short_repr
-from ..layers.scale_shift import ScaleShift, _RunsScaleShift
+from ..layers.scale_shift import ScaleShiftLayer
 from ..moppa_config import MoPPAConfig
 from . import model_hooks
 from .adapter_state import (ADAPTER_GROUPS, ADAPTER_PATTERNS, RECORD_FORMAT, RECORD_KEY,
@@ -405,15 +405,10 @@ class AdapterMixin(RouteLossMixin):
         if self.merged:
             return self
         self._check_mergeable()
-        for kind in (_RunsScaleShift, ScaleShift):  # the layers, then their parameters
-            for name, module in list(self.named_modules()):
-                if isinstance(module, kind):
-                    parent_name, _, attr = name.rpartition('.')
-                    parent = self.get_submodule(parent_name)
-                    if kind is ScaleShift:
-                        del parent._modules[attr]
-                    else:
-                        parent._modules[attr] = module.merged_layer()
+        for name, module in list(self.named_modules()):  # each with its scale & shift
+            if isinstance(module, ScaleShiftLayer):
+                parent_name, _, attr = name.rpartition('.')
+                self.get_submodule(parent_name)._modules[attr] = module.merged_layer()
         for unit in moppa_units(self):
             unit.merge_()
         for param in self.parameters():

@@ -131,7 +131,7 @@ class ViTAdapterMixin(AdapterMixin):
             if use_scale_shift:
                 self._attach_scale_shift(layer)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed, self.embed_dims)
+            scale_shift_projection(self.patch_embed)
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)

@@ -12,9 +12,9 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.registry import Registry
 
-from moppa_mm.operators import MoPPAUnit
+from moppa_mm.operators import MoPPAUnit, moppa_units
 from ..layers import ConvAdapter, ScaleShift
-from ..layers.scale_shift import attach_scale_shift, refer_to, scale_shift_projection
+from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
 from .class_swap import swap_class
 
@@ -80,18 +80,14 @@ class MoPPAShiftWindowMSAMixin:
 
 
 class MoPPAWindowMSAMixin:
-    """Mixed into a package's ``WindowMSA`` (window scope): the block's unit
-    on the windows, then the attention. The unit is registered on the block
-    (``moppa``, the checkpoints' key); ``window_unit`` refers to it."""
+    """Mixed into a package's ``WindowMSA`` (window scope): its unit
+    (``moppa``) on the (shifted) windows, then the attention."""
 
-    window_unit: SwinMoPPAUnit
+    moppa: SwinMoPPAUnit
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x``: (B*nW, Wh*Ww, C) windows; ``mask`` as the base class's."""
-        return super().forward(self.window_unit.forward_windows(x), mask=mask)
-
-    def extra_repr(self) -> str:
-        return "window_unit=(the block's moppa)"
+        return super().forward(self.moppa.forward_windows(x), mask=mask)
 
 
 class MoPPASwinBlockMixin:
@@ -112,8 +108,8 @@ class MoPPASwinBlockMixin:
         """The block without checkpointing (what ``with_cp`` recomputes)."""
         identity = x  # (B, H*W, C)
         x = self.norm1(x)
-        unit = self._modules.get('moppa')
-        if unit is not None and unit.scope == 'global':
+        unit = self._modules.get('moppa')  # global scope
+        if unit is not None:
             x = unit.forward_tokens(x, hw_shape)
         x = self.attn(x, hw_shape) + identity
         tokens = self.norm2(x)
@@ -181,7 +177,7 @@ class SwinAdapterMixin(AdapterMixin):
             for block in stage.blocks:
                 self._add_adapters(block, global_grid)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed, self.patch_embed.projection.out_channels)
+            scale_shift_projection(self.patch_embed)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
         self._build_base(merged)
@@ -196,7 +192,7 @@ class SwinAdapterMixin(AdapterMixin):
 
     def adapter_options(self) -> dict:
         blocks = [block for stage in self.stages for block in stage.blocks]
-        units = [block.moppa for block in blocks if hasattr(block, 'moppa')]
+        units = moppa_units(self)
         convs = [block.conv_adapter for block in blocks if hasattr(block, 'conv_adapter')]
         return dict(use_moppa=self.use_moppa, use_conv_adapter=self.use_conv_adapter,
                     use_scale_shift=self.use_scale_shift, moppa_scope=self.moppa_scope,
@@ -223,12 +219,13 @@ class SwinAdapterMixin(AdapterMixin):
         if self.use_moppa:
             window = self.moppa_scope == 'window'
             grid = tuple(w_msa.window_size) if window else global_grid  # (Wh, Ww)
-            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid,
-                                        **self.moppa_config.unit_kwargs())
-            block.moppa.scope = self.moppa_scope
-            if window:
+            unit = SwinMoPPAUnit(embed_dims, num_heads, grid, **self.moppa_config.unit_kwargs())
+            unit.scope = self.moppa_scope
+            if window:  # run by the window attention, on its windows
                 swap_class(w_msa, self.LAYER_CLASSES)
-                refer_to(w_msa, 'window_unit', block.moppa)
+                w_msa.moppa = unit
+            else:  # run by the block, on its feature map
+                block.moppa = unit
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)

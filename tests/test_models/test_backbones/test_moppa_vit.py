@@ -149,22 +149,22 @@ def test_bad_arguments():
 
 
 def test_scale_shift_touches_only_its_slice():
-    from moppa_mm.models.layers import ScaleShift
     from moppa_mm.models.layers.scale_shift import Conv2dScaleShift, LinearScaleShift
-    value = ScaleShift(4, offset=8)  # the v part of a fused qkv of 3 x 4
+    qkv, x = torch.nn.Linear(6, 12), torch.randn(2, 5, 6)
+    plain = qkv(x)
+    value = LinearScaleShift.convert(qkv, offset=8).ssf_out  # the v part of a qkv of 3 x 4
     with torch.no_grad():
         value.scale.copy_(torch.tensor([2.0, 3.0, 4.0, 5.0]))
         value.shift.fill_(1.0)
-    qkv, x = torch.nn.Linear(6, 12), torch.randn(2, 5, 6)
-    plain, y = qkv(x), LinearScaleShift(qkv, value, 'ssf_value')(x)
+    y = qkv(x)
     torch.testing.assert_close(y[..., :8], plain[..., :8])
     torch.testing.assert_close(y[..., 8:], plain[..., 8:] * value.scale + 1.0)
-    channel_first = ScaleShift(3, channel_dim=1)
-    with torch.no_grad():
-        channel_first.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
     conv, z = torch.nn.Conv2d(2, 3, 1), torch.randn(2, 2, 4, 4)
-    torch.testing.assert_close(Conv2dScaleShift(conv, channel_first, 'ssf_proj')(z),
-                               conv(z) * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
+    plain = conv(z)
+    channels = Conv2dScaleShift.convert(conv).ssf_out  # (B, C, H, W): channel axis 1
+    with torch.no_grad():
+        channels.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(conv(z), plain * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
 
 
 def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one():
@@ -183,7 +183,7 @@ def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one(
 
     def pack(tensor):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params and tensor.dim() == 3:
+        if storage.data_ptr() not in params and tensor.dim() >= 2:
             widths.setdefault(tensor.shape[-1], set()).add(storage.data_ptr())
         return tensor
 
