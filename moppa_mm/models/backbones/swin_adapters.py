@@ -58,7 +58,7 @@ class SwinConvAdapter(ConvAdapter):
             return tokens
         batch, _, channels = tokens.shape  # (B, H*W, C)
         x = tokens.view(batch, *hw_shape, channels)  # (B, H, W, C)
-        return self.forward_after_norm(x, norm_input, norm).view(
+        return self.forward_after_norm(x, norm_input, norm).reshape(
             batch, -1, channels)  # (B, H*W, C)
 
 
