@@ -33,6 +33,8 @@ KRON_MAX_TOKENS = {'cpu': 64, 'cuda': 196}
 _BASES: Dict[tuple, torch.Tensor] = {}
 _KRON: Dict[tuple, torch.Tensor] = {}
 _FREQS: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
+_EXPANDED: Dict[tuple, torch.Tensor] = {}  # bases expanded to a batch (views)
+EXPANDED_MAX = 64  # batch sizes kept (window counts vary with the image size)
 
 
 def _cached(cache: dict, key: tuple, build):
@@ -110,9 +112,24 @@ def matmul_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if autocast else x.dtype
 
 
-def _batched(basis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _expanded(basis: torch.Tensor, batch: int, key: tuple) -> torch.Tensor:
+    """``basis`` expanded to (batch, n, n): a view, cached under the basis'
+    ``key`` and the batch size."""
+    if len(_EXPANDED) > EXPANDED_MAX:
+        _EXPANDED.clear()
+    return _cached(_EXPANDED, key + (batch, ), lambda: basis.expand(batch, -1, -1))
+
+
+def expanded_kron_basis(h: int, w: int, inverse: bool, device, dtype, extra: int,
+                        batch: int) -> torch.Tensor:
+    """:func:`kron_basis` expanded to (batch, T, T): the operand of one ``bmm``."""
+    return _expanded(kron_basis(h, w, inverse, device, dtype, extra), batch,
+                     ('kron', h, w, inverse, extra, torch.device(device), dtype))
+
+
+def _batched(basis: torch.Tensor, x: torch.Tensor, key: tuple) -> torch.Tensor:
     """``basis @ x[i]`` for each i of ``x`` (N, n, m): one ``bmm``."""
-    return torch.bmm(basis.expand(x.shape[0], -1, -1), x)
+    return torch.bmm(_expanded(basis, x.shape[0], key), x)
 
 
 def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
@@ -130,17 +147,17 @@ def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
         raise ValueError(f'expected (B, {extra} + {h}*{w}, C) tokens, got {tuple(x.shape)}')
     device, dtype = x.device, matmul_dtype(x)
     if dct_method(h, w, device, method) == 'kron':
-        return _batched(kron_basis(h, w, inverse, device, dtype, extra), x)
+        return torch.bmm(expanded_kron_basis(h, w, inverse, device, dtype, extra, batch), x)
     if extra:
         raise ValueError('the separable DCT takes the grid tokens alone (extra=0)')
     basis_h = dct_basis(h, device, dtype, inverse)
     basis_w = dct_basis(w, device, dtype, inverse)
 
     def along_h(t):  # (B, H, W*C): mixes rows
-        return _batched(basis_h, t.reshape(batch, h, w * channels))
+        return _batched(basis_h, t.reshape(batch, h, w * channels), (h, inverse, device, dtype))
 
     def along_w(t):  # (B*H, W, C): mixes columns
-        return _batched(basis_w, t.reshape(batch * h, w, channels))
+        return _batched(basis_w, t.reshape(batch * h, w, channels), (w, inverse, device, dtype))
 
     out = along_h(along_w(x)) if inverse else along_w(along_h(x))
     return out.view(batch, tokens, channels)

@@ -25,16 +25,20 @@ filter multiply and ONE additive field in the DCT domain. They do not depend on
 :meth:`MoPPAUnit.clear_cache` for anything else, e.g. assigning ``param.data``);
 a graph capture gets the plain computation, no cache.
 """
+import contextlib
+from contextvars import ContextVar
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import print_log
+from torch.autograd.function import once_differentiable
 
 from moppa_mm.utils.errors import InputValueError
 
-from .dct import _cached, dct_frequencies, dct_method, dct_tokens, matmul_dtype
+from .dct import (_cached, dct_frequencies, dct_method, dct_tokens, expanded_kron_basis,
+                  matmul_dtype)
 from .tracing import is_capturing
 
 EXPERTS = ('heat', 'wave', 'poisson')
@@ -415,9 +419,14 @@ class MoPPAUnit(nn.Module):
             # the separable passes take the grid tokens alone: split and join
             out = self.forward(x[:, extra:], grid, terms=terms)  # (B, H*W, C)
             return torch.cat([x[:, :extra].to(out.dtype), out], dim=1)
-        spectrum = dct_tokens(x, grid, extra=extra)
-        key = (grid, extra, spectrum.device, spectrum.dtype)
+        key = (grid, extra, x.device, matmul_dtype(x))
         spectral_filter, field = terms or self._cached_terms(*key) or self._spectral_terms(*key)
+        if dct_method(*grid, x.device) == 'kron' and torch.is_grad_enabled() and \
+                not is_capturing():
+            bases = (expanded_kron_basis(*grid, inverse, x.device, key[3], extra, x.shape[0])
+                     for inverse in (False, True))
+            return _KronFilter.apply(x, spectral_filter, field, *bases)
+        spectrum = dct_tokens(x, grid, extra=extra)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         return dct_tokens(spectrum, grid, inverse=True, extra=extra)
 
@@ -471,6 +480,34 @@ class MoPPAUnit(nn.Module):
                 f'heat_param={self.heat_param!r}' + (', merged=True' if self.merged else ''))
 
 
+class _KronFilter(torch.autograd.Function):
+    """``K^T (K x * filter + field)`` with ``K`` (N, T, T) an orthonormal
+    Kronecker DCT expanded to the batch (its inverse ``K^T``): the unit's
+    forward, with a backward in fewer operations than autograd's (seven, each
+    a GPU kernel): ``g' = K g``, the filter's and field's gradients
+    ``sum_b g' * (K x)`` and ``sum_b g'``, then ``K^T (g' * filter)``."""
+
+    @staticmethod
+    def forward(ctx, x, spectral_filter, field, basis, inverse_basis):
+        ctx.input_dtype = x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            spectrum = torch.bmm(basis, x.to(basis.dtype))  # (N, T, C)
+            out = torch.bmm(inverse_basis, torch.addcmul(field, spectrum, spectral_filter))
+        ctx.save_for_backward(spectrum, spectral_filter, basis, inverse_basis)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        spectrum, spectral_filter, basis, inverse_basis = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = torch.bmm(basis, grad.to(basis.dtype))  # (N, T, C): K (K^T)^T
+        grad_filter = (grad * spectrum).sum(0, keepdim=True) if needs[1] else None  # (1, T, C)
+        grad_field = grad.sum(0, keepdim=True) if needs[2] else None
+        grad_x = torch.bmm(inverse_basis, grad.mul_(spectral_filter)).to(ctx.input_dtype)
+        return grad_x, grad_filter, grad_field, None, None
+
+
 class _Stack(torch.autograd.Function):
     """``torch.stack``, its backward one ``unbind`` (autograd's: a select each)."""
 
@@ -516,6 +553,64 @@ def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extr
     return terms
 
 
+class SharedUnitTerms:
+    """The filters and fields of groups of units for ONE forward call of a
+    backbone, built by :func:`unit_terms` for a whole group (e.g. a stage's
+    units) and grid when one of its units first asks, in the grad mode the
+    call began in. Opened by :func:`sharing_unit_terms`, read by
+    :func:`shared_unit_terms`; nothing outlives the call."""
+
+    def __init__(self, groups: Sequence[Sequence[MoPPAUnit]], like: torch.Tensor) -> None:
+        self.group_of = {id(unit): group for group in groups for unit in group}
+        self.like = like
+        self.dtype = matmul_dtype(like)
+        self.grad_enabled = torch.is_grad_enabled()
+        self.built: Dict[tuple, dict] = {}
+
+    def get(self, unit: MoPPAUnit, grid: Tuple[int, int], like: torch.Tensor
+            ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        group = self.group_of.get(id(unit))
+        if group is None or like.device != self.like.device or matmul_dtype(like) != self.dtype:
+            return None
+        key = (id(group), tuple(grid))
+        if key not in self.built:  # a checkpointed block may ask first, without grad
+            with torch.set_grad_enabled(self.grad_enabled):
+                terms = unit_terms(group, tuple(grid), 0, self.like)
+            self.built[key] = {id(member): term for member, term in zip(group, terms)}
+        return self.built[key][id(unit)]
+
+
+_SHARED: ContextVar[Optional[SharedUnitTerms]] = ContextVar('moppa_shared_unit_terms',
+                                                            default=None)
+
+
+@contextlib.contextmanager
+def sharing_unit_terms(groups: Sequence[Sequence[MoPPAUnit]], like: torch.Tensor):
+    """Within the block, :func:`shared_unit_terms` hands each unit of
+    ``groups`` its filter and field, built once per group and grid for inputs
+    like ``like`` (their device; the matmul dtype, autocast's): a backbone
+    whose base class's forward calls the units from modules it cannot pass
+    them to opens this around that forward. A graph capture gets the plain
+    computation (each unit its own)."""
+    if is_capturing():
+        yield
+        return
+    token = _SHARED.set(SharedUnitTerms(groups, like))
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def shared_unit_terms(unit: MoPPAUnit, grid: Tuple[int, int], like: torch.Tensor
+                      ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """``unit``'s filter and field for tokens like ``like`` on ``grid`` from
+    the enclosing :func:`sharing_unit_terms`; None outside one (a checkpoint's
+    recompute in backward, a block called alone): the unit builds its own."""
+    shared = _SHARED.get()
+    return None if shared is None else shared.get(unit, grid, like)
+
+
 def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
     """The schedule of paper Eq. 13: ``w * max(1 - 2T / T_total, 0)``.
 
@@ -549,5 +644,6 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
 
 __all__ = [
     'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'unit_terms', 'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
+    'unit_terms', 'sharing_unit_terms', 'shared_unit_terms', 'route_regularization', 'EXPERTS',
+    'INIT_MODES', 'HEAT_PARAMS'
 ]

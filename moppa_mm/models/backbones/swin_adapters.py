@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.registry import Registry
 
-from moppa_mm.operators import MoPPAUnit, moppa_units
+from moppa_mm.operators import MoPPAUnit, moppa_units, shared_unit_terms, sharing_unit_terms
 from ..layers import ConvAdapter, ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
@@ -27,18 +27,15 @@ class SwinMoPPAUnit(MoPPAUnit):
     enabled = True
     scope = 'window'
 
-    def forward_windows(self, windows: torch.Tensor) -> torch.Tensor:
-        """The unit on the (shifted) windows the attention sees."""
-        if not self.enabled:
-            return windows
-        return self(windows, self.grid_size)  # (B*nW, Wh*Ww, C)
-
-    def forward_tokens(self, tokens: torch.Tensor,
-                       hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """The unit on the block's whole (H, W) feature map."""
+    def forward_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """The unit on ``tokens`` (N, H*W, C) on an (H, W) ``grid``: the
+        (shifted) windows the attention sees, or the block's feature map. Its
+        filter and field are those the backbone built for the stage's units
+        in this forward (:func:`~moppa_mm.operators.shared_unit_terms`), else
+        its own."""
         if not self.enabled:
             return tokens
-        return self(tokens, hw_shape)  # (B, H*W, C)
+        return self(tokens, grid, terms=shared_unit_terms(self, grid, tokens))
 
     def extra_repr(self) -> str:
         return f'scope={self.scope}, {super().extra_repr()}'
@@ -56,10 +53,7 @@ class SwinConvAdapter(ConvAdapter):
         """The adapter on ``tokens = norm(norm_input)``, an (H, W) grid."""
         if not self.enabled:
             return tokens
-        batch, _, channels = tokens.shape  # (B, H*W, C)
-        x = tokens.view(batch, *hw_shape, channels)  # (B, H, W, C)
-        return self.forward_after_norm(x, norm_input, norm).reshape(
-            batch, -1, channels)  # (B, H*W, C)
+        return self.forward_after_norm(tokens, norm_input, norm, hw_shape)  # (B, H*W, C)
 
 
 class MoPPAShiftWindowMSAMixin:
@@ -87,7 +81,8 @@ class MoPPAWindowMSAMixin:
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x``: (B*nW, Wh*Ww, C) windows; ``mask`` as the base class's."""
-        return super().forward(self.moppa.forward_windows(x), mask=mask)
+        unit = self.moppa
+        return super().forward(unit.forward_tokens(x, unit.grid_size), mask=mask)
 
 
 class MoPPASwinBlockMixin:
@@ -181,6 +176,15 @@ class SwinAdapterMixin(AdapterMixin):
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
         self._build_base(merged)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        """The package's forward, with the filters and fields of each stage's
+        units built once for this call, stacked, when a unit first asks
+        (:func:`~moppa_mm.operators.sharing_unit_terms`): a stage's units are
+        alike, and a training step pays per operation, not per unit."""
+        groups = [moppa_units(stage) for stage in self.stages]
+        with sharing_unit_terms(groups, x):
+            return super().forward(x)
 
     def arch_record(self) -> dict:
         blocks = [stage.blocks[0].attn.w_msa for stage in self.stages]

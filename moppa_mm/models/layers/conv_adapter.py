@@ -1,5 +1,6 @@
 """The 3x3 convolution adapter that MoPPA puts before each Swin FFN (paper supp.)."""
 import functools
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -36,7 +37,10 @@ class ConvAdapter(nn.Module):
         self.embed_dims = embed_dims
         self.hidden_dims = hidden_dims
         self.down = nn.Conv2d(embed_dims, hidden_dims, 1)
-        self.conv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1)
+        # channels last, the layout its gradient comes in from a channels-last
+        # input: no copy into the parameter's layout per step
+        self.conv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1).to(
+            memory_format=torch.channels_last)
         self.act = nn.GELU()
         self.up = nn.Conv2d(hidden_dims, embed_dims, 1)
         self.reset_parameters()
@@ -49,28 +53,61 @@ class ConvAdapter(nn.Module):
         nn.init.zeros_(self.up.weight)
         nn.init.zeros_(self.up.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (B, H, W, C). Returns the same shape."""
+    def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """``x``: (B, H, W, C), or tokens (B, H*W, C) on the (H, W) ``grid``.
+        Returns the same shape."""
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(torch.promote_types(x.dtype, self.down.weight.dtype))
-            hidden = self.act(self.conv(self.down(x.permute(0, 3, 1, 2))))  # (B, r, H, W)
-            return x + self.up(hidden).permute(0, 2, 3, 1)  # (B, H, W, C)
+            x = x.to(_wider(x.dtype, self.down.weight.dtype))
+            hidden = self.act(self.conv(self.down(_as_map(x, grid))))  # (B, r, H, W)
+            return x + _as_layout_of(self.up(hidden), x)
 
-    def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor,
-                           norm: nn.LayerNorm) -> torch.Tensor:
+    def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor, norm: nn.LayerNorm,
+                           grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """:meth:`forward` for ``x = norm(norm_input)``, with the same result
         and gradients, saving only the two bottleneck tensors for backward
-        (:class:`_ConvAdapterFunction`). ``x``: (B, H, W, C); ``norm_input``
-        any shape with as many elements."""
+        (:class:`_ConvAdapterFunction`). ``norm_input``: any shape with as
+        many elements as ``x``."""
         if not torch.is_grad_enabled() or is_capturing() or not isinstance(norm, nn.LayerNorm) or \
                 type(norm).forward is not nn.LayerNorm.forward:
-            return self.forward(x)  # only a plain LayerNorm can be recomputed
+            return self.forward(x, grid)  # only a plain LayerNorm can be recomputed
         if type(self.act) is not nn.GELU or self.act.approximate != 'none':
-            return self.forward(x)
-        return _ConvAdapterFunction.apply(x, norm_input, norm, self.down.weight,
-                                          self.down.bias, self.conv.weight,
-                                          self.conv.bias, self.up.weight,
-                                          self.up.bias)
+            return self.forward(x, grid)
+        return _ConvAdapterFunction.apply(x, grid, norm_input, norm, self.down.weight,
+                                          self.down.bias, self.conv.weight, self.conv.bias,
+                                          self.up.weight, self.up.bias)
+
+
+def _as_map(x: torch.Tensor, grid: Optional[Tuple[int, int]]) -> torch.Tensor:
+    """(B, H, W, C), or (B, H*W, C) tokens on the (H, W) ``grid``, as the
+    (B, C, H, W) map they hold in channels-last layout: a view (one call)."""
+    if grid is None:
+        return x.permute(0, 3, 1, 2)
+    batch, tokens, channels = x.shape
+    height, width = grid
+    return x.as_strided((batch, channels, height, width),
+                        (x.stride(0), x.stride(2), width * x.stride(1), x.stride(1)))
+
+
+def _as_layout_of(feature_map: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A (B, C, H, W) convolution output as ``like``'s (B, H, W, C) or
+    (B, H*W, C): a view where the convolution kept the channels-last layout."""
+    if like.dim() == 4:
+        return feature_map.permute(0, 2, 3, 1)
+    if not feature_map.is_contiguous(memory_format=torch.channels_last):
+        return feature_map.flatten(2).transpose(1, 2)
+    batch, channels = feature_map.shape[:2]
+    return feature_map.as_strided((batch, like.shape[1], channels), (
+        feature_map.stride(0), feature_map.stride(3), feature_map.stride(1)))
+
+
+def _wider(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype ``dtypes`` promote to."""
+    return functools.reduce(_promoted, dtypes)
+
+
+@functools.lru_cache(maxsize=None)
+def _promoted(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    return torch.promote_types(first, second)
 
 
 def _recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
@@ -79,8 +116,7 @@ def _recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tenso
     it, as autocast computes a norm (float32 on CUDA, whose kernels refuse a
     bfloat16 input with float32 weights; CPU's accept the mix)."""
     params = (norm.weight, norm.bias)
-    dtype = functools.reduce(torch.promote_types,
-                             [p.dtype for p in params if p is not None], norm_input.dtype)
+    dtype = _wider(norm_input.dtype, *(p.dtype for p in params if p is not None))
     weight, bias = (None if p is None else p.to(dtype) for p in params)
     return F.layer_norm(norm_input.to(dtype), norm.normalized_shape, weight, bias, norm.eps)
 
@@ -105,13 +141,13 @@ class _ConvAdapterFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, norm_input, norm, down_w, down_b, conv_w, conv_b, up_w, up_b):
-        ctx.norm, ctx.input_dtype = norm, x.dtype
+    def forward(ctx, x, grid, norm_input, norm, down_w, down_b, conv_w, conv_b, up_w, up_b):
+        ctx.norm, ctx.grid, ctx.input_dtype = norm, grid, x.dtype
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(torch.promote_types(x.dtype, down_w.dtype))
-            hidden = F.conv2d(x.permute(0, 3, 1, 2), down_w, down_b)  # (B, r, H, W)
+            x = x.to(_wider(x.dtype, down_w.dtype))
+            hidden = F.conv2d(_as_map(x, grid), down_w, down_b)  # (B, r, H, W)
             pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)
-            up = F.conv2d(F.gelu(pre_act), up_w, up_b).permute(0, 2, 3, 1)  # (B, H, W, C)
+            up = _as_layout_of(F.conv2d(F.gelu(pre_act), up_w, up_b), x)  # x's shape
         ctx.save_for_backward(norm_input, hidden, pre_act, down_w, conv_w, up_w)
         return up.add_(x)
 
@@ -119,8 +155,8 @@ class _ConvAdapterFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         norm_input, hidden, pre_act, down_w, conv_w, up_w = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        grad = grad_out.to(pre_act.dtype).permute(0, 3, 1, 2)  # (B, C, H, W)
+        needs = ctx.needs_input_grad[:1] + ctx.needs_input_grad[2:]  # without the grid
+        grad = _as_map(grad_out.to(pre_act.dtype), ctx.grid)  # (B, C, H, W)
         grad_act, grad_up_w, grad_up_b = _conv_backward(
             grad, F.gelu(pre_act), up_w, 0, (True, needs[7], needs[8]))
         grad_pre = torch.ops.aten.gelu_backward(grad_act, pre_act)
@@ -128,14 +164,14 @@ class _ConvAdapterFunction(torch.autograd.Function):
             grad_pre, hidden, conv_w, 1, (True, needs[5], needs[6]))
         if needs[3]:  # the down weight's gradient reads x: recomputed
             with torch.no_grad():
-                x = _recompute_norm(ctx.norm, norm_input).view(grad_out.shape).permute(0, 3, 1, 2)
+                x = _as_map(_recompute_norm(ctx.norm, norm_input).view(grad_out.shape), ctx.grid)
         else:
             x = grad  # only its shape is read
         grad_x, grad_down_w, grad_down_b = _conv_backward(
             grad_hidden, x.to(grad.dtype), down_w, 0, (needs[0], needs[3], needs[4]))
         if grad_x is not None:  # the residual's gradient plus the branch's
-            grad_x = grad_x.add_(grad).permute(0, 2, 3, 1).to(ctx.input_dtype)
-        return (grad_x, None, None, grad_down_w, grad_down_b, grad_conv_w,
+            grad_x = _as_layout_of(grad_x.add_(grad), grad_out).to(ctx.input_dtype)
+        return (grad_x, None, None, None, grad_down_w, grad_down_b, grad_conv_w,
                 grad_conv_b, grad_up_w, grad_up_b)
 
 
