@@ -45,7 +45,8 @@ EXPERTS = ('heat', 'wave', 'poisson')
 INIT_MODES = ('paper', 'identity')
 HEAT_PARAMS = ('raw', 'softplus')
 RESIZE_MODES = ('bicubic', 'bilinear', 'nearest')
-FREQ_PARAMS = ('heat_coef', 'wave_coef', 'source_freq')  # (Hr, Wr, N) each
+FREQ_PARAMS = ('heat_coef', 'wave_coef', 'source_freq')  # (Hr, Wr, N): per expert
+CHANNEL_PARAMS = ('heat_time', 'wave_time', 'source_channel')  # (C/N, ): per expert
 
 
 def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
@@ -63,17 +64,28 @@ def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-_TERMS: Dict[tuple, Tuple[torch.Tensor, ...]] = {}
+_FACTORS: Dict[tuple, torch.Tensor] = {}
 
 
-def _frequency_terms(h: int, w: int, eta: float, device, dtype) -> Tuple[torch.Tensor, ...]:
-    """``-w^2``, ``|w|`` and ``1 / (w^2 + eta)``, each (H, W, 1), cached."""
+def _expert_factors(experts: Tuple[str, ...], h: int, w: int, eta: float, device,
+                    dtype) -> torch.Tensor:
+    """Each expert's frequency factor, (E, H, W, 1), cached: heat's ``-w^2``,
+    wave's ``|w|``, Poisson's ``1 / (w^2 + eta)``."""
 
     def build():
         omega_sq, omega_abs = dct_frequencies(h, w, device, torch.float64)
-        return tuple(t[..., None].to(dtype) for t in (-omega_sq, omega_abs, 1 / (omega_sq + eta)))
+        factor = dict(heat=-omega_sq, wave=omega_abs, poisson=1 / (omega_sq + eta))
+        return torch.stack([factor[e] for e in experts])[..., None].to(dtype)
 
-    return _cached(_TERMS, (h, w, eta, torch.device(device), dtype), build)
+    return _cached(_FACTORS, (experts, h, w, eta, torch.device(device), dtype), build)
+
+
+def _softplus_rows(names: List[str], trailing: int, device) -> torch.Tensor:
+    """True at the rows of ``names`` that hold ``softplus^-1`` of k or t,
+    (E, 1...) with ``trailing`` ones, cached."""
+    return _cached(_FACTORS, ('softplus', tuple(names), trailing, torch.device(device)),
+                   lambda: torch.tensor([name in ('heat_coef', 'heat_time') for name in names],
+                                        device=device).view(-1, *[1] * trailing))
 
 
 def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
@@ -259,6 +271,38 @@ class MoPPAUnit(nn.Module):
                 self.route_logits.log_softmax(0)).sum()
 
     # -------------------------------------------------------- filter and field
+    def _param_names(self) -> Tuple[List[str], List[str]]:
+        """The per-frequency and per-channel parameters of the experts in use,
+        one each, in ``EXPERTS`` order (wave's time is heat's if shared)."""
+        frequency = [FREQ_PARAMS[EXPERTS.index(e)] for e in self.experts]
+        channel = [CHANNEL_PARAMS[EXPERTS.index(e)] for e in self.experts]
+        if 'wave_time' in channel and not hasattr(self, 'wave_time'):  # share_time
+            channel[channel.index('wave_time')] = 'heat_time'
+        return frequency, channel
+
+    def expert_params(self, units: Optional[Sequence['MoPPAUnit']] = None
+                      ) -> Dict[str, torch.Tensor]:
+        """The parameters as :meth:`filter_and_field` takes them: ``frequency``
+        (E, Hr, Wr, N), each expert's map over frequency and head (heat's k,
+        wave's c, Poisson's H1); ``channel`` (E, C/N), each expert's factor per
+        channel in a head (heat's t, wave's t, Poisson's H2); ``route_logits``
+        (E, ); ``gate`` (C/N, ) with ``init_mode='identity'``. Of ``units``
+        (this one's alike) stacked, (L, ...) each: one operation per kind."""
+        kinds = dict(zip(('frequency', 'channel'), self._param_names()))
+        alone = [name for name in ('route_logits', 'gate') if hasattr(self, name)]
+        if units is None:  # (E, ...) stacks; the router and gate as they are
+            params = {kind: _Stack.apply(*(getattr(self, name) for name in names))
+                      for kind, names in kinds.items()}
+            return dict(params, **{name: getattr(self, name) for name in alone})
+        params = {}
+        for kind, names in kinds.items():  # (L * E, ...) -> (L, E, ...)
+            tensors = [getattr(unit, name) for unit in units for name in names]
+            params[kind] = _Stack.apply(*tensors).view(len(units), len(names),
+                                                       *tensors[0].shape)
+        for name in alone:
+            params[name] = _Stack.apply(*(getattr(unit, name) for unit in units))
+        return params
+
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
                          flat: bool = False, params: Optional[Dict[str, torch.Tensor]] = None
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -270,56 +314,55 @@ class MoPPAUnit(nn.Module):
         ``params``: this unit's, or those of L units like it stacked (outputs
         (L, ...) then). In few operations (each a GPU kernel): what is per
         frequency and head is combined before it meets a head's channels."""
-        params = params or dict(self.named_parameters(recurse=False))
+        params = params or self.expert_params()
         h, w = size
         logits = params['route_logits']
         device, dtype = device or logits.device, dtype or logits.dtype
         lead = logits.shape[:-1]  # () or (L,)
-        neg_omega_sq, omega_abs, poisson_gain = _frequency_terms(h, w, self.eta, device, dtype)
-
-        def per_channel(name):  # (L.., C/N), broadcast against (L.., H, W, N, C/N)
-            return params[name].view(*lead, 1, 1, 1, -1) if lead else params[name]
-
-        def per_frequency(name):  # (L.., Hr, Wr, N) -> (L.., H, W, N)
-            if (h, w) == self.grid_size:
-                return params[name]
-            maps = params[name].movedim(-1, -3)  # (L.., N, Hr, Wr)
+        frequency, channel = params['frequency'], params['channel']  # (L.., E, ...)
+        if (h, w) != self.grid_size:  # (L.., E, Hr, Wr, N) -> (L.., E, H, W, N)
+            maps = frequency.movedim(-1, -3)  # (L.., E, N, Hr, Wr)
             resized = resize_frequency_map(maps.reshape(-1, *self.grid_size), (h, w),
-                                           self.resize_mode)  # (L.. * N, H, W)
-            return resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
-
-        route = logits.to(dtype).softmax(-1)  # (L.., E) -> each (L.., 1, 1, 1, 1) or ()
-        route = route.view(*route.shape, 1, 1, 1, 1) if lead else route
-        route = dict(zip(self.experts, route.unbind(len(lead))))
-        physical = F.softplus if self.heat_param == 'softplus' else (lambda raw: raw)
+                                           self.resize_mode)  # (L.. * E * N, H, W)
+            frequency = resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
+        if self.heat_param == 'softplus':  # k and heat's t (wave's too if shared)
+            frequency, channel = (torch.where(_softplus_rows(names, trailing, device),
+                                              F.softplus(p), p) for names, trailing, p in zip(
+                                      self._param_names(), (3, 1), (frequency, channel)))
+        experts = len(self.experts)
+        # each expert's (per frequency and head) x (per channel in a head), one
+        # product for all: (L.., E, H, W, N, C/N); heat's k (-w^2) t, wave's
+        # c |w| t, Poisson's H1 / (w^2 + eta) H2
+        products = (frequency * _expert_factors(self.experts, h, w, self.eta, device, dtype)
+                    ).unsqueeze(-1) * channel.view(*lead, experts, 1, 1, 1, -1)
+        products = products.reshape(*lead, experts, h * w, self.embed_dims)  # (L.., E, HW, C)
+        products = dict(zip(self.experts, products.unbind(len(lead))))
+        route = logits.to(dtype).softmax(-1).view(*lead, experts, 1, 1)
+        route = dict(zip(self.experts, route.unbind(len(lead))))  # (L.., 1, 1)
         spectral_filter = field = None
-        if 'heat' in self.experts:  # a1 exp((k (-w^2)) t)
-            k = physical(per_frequency('heat_coef'))  # (L.., H, W, N)
-            time = physical(per_channel('heat_time'))
-            heat = torch.exp((k * neg_omega_sq).unsqueeze(-1) * time)
-            spectral_filter = heat * route['heat']  # (L.., H, W, N, C/N)
-        if 'wave' in self.experts:  # + a2 cos((c |w|) t)
-            time = per_channel('wave_time') if 'wave_time' in params else \
-                physical(per_channel('heat_time'))  # share_time
-            wave = torch.cos((per_frequency('wave_coef') * omega_abs).unsqueeze(-1) * time)
+        if 'heat' in self.experts:  # a1 exp(-k w^2 t)
+            spectral_filter = torch.exp(products['heat']) * route['heat']
+        if 'wave' in self.experts:  # + a2 cos(c |w| t)
+            wave = torch.cos(products['wave'])
             spectral_filter = wave * route['wave'] if spectral_filter is None else \
                 torch.addcmul(spectral_filter, wave, route['wave'])
-        if 'poisson' in self.experts:  # (H1 / (w^2 + eta)) (a3 H2)
-            source = per_frequency('source_freq') * poisson_gain  # (L.., H, W, N)
-            field = source.unsqueeze(-1) * (per_channel('source_channel') * route['poisson'])
-        shape = (*lead, h, w, self.num_heads, self.head_dims)
+        if 'poisson' in self.experts:  # a3 H1 H2 / (w^2 + eta)
+            field = products['poisson'] * route['poisson']
+        shape = (*lead, h * w, self.embed_dims)
         if spectral_filter is None:  # Poisson alone: the field replaces X (Eq. 9)
             spectral_filter = torch.zeros(shape, device=device, dtype=dtype)
         if field is None:
             field = torch.zeros(shape, device=device, dtype=dtype)
         if self.init_mode == 'identity':  # X + g (Y_Eq11 - X), g per channel in a head
-            gate = per_channel('gate').to(dtype)
+            gate = params['gate'].to(dtype).repeat(*[1] * len(lead), self.num_heads)  # (L.., C)
+            gate = gate.view(*lead, 1, -1) if lead else gate
             spectral_filter = torch.lerp(torch.ones((), device=device, dtype=dtype),
                                          spectral_filter, gate)
             field = field * gate
-        shape = (*(lead or (1, )), h * w, self.embed_dims) if flat else \
-            (*lead, h, w, self.embed_dims)
-        return spectral_filter.reshape(shape), field.reshape(shape)
+        if flat and lead:  # (L, H*W, C)
+            return spectral_filter, field
+        shape = (1, h * w, self.embed_dims) if flat else (*lead, h, w, self.embed_dims)
+        return spectral_filter.view(shape), field.view(shape)
 
     def _param_state(self, *key) -> tuple:
         """``key`` and the versions of the parameters (a merged unit's buffers),
@@ -544,9 +587,7 @@ def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extr
         alike.setdefault(key, []).append(index)
     for indices in alike.values():
         group = [units[index] for index in indices]
-        names = [name for name, _ in group[0].named_parameters(recurse=False)]
-        params = None if len(group) == 1 else {  # (L, ...) each
-            name: _Stack.apply(*(getattr(unit, name) for unit in group)) for name in names}
+        params = None if len(group) == 1 else group[0].expert_params(group)  # (L, ...) each
         built = group[0]._spectral_terms(grid, rows, device, dtype, params)
         for index, spectral_filter, field in zip(indices, *(term.split(1) for term in built)):
             terms[index] = (spectral_filter, field)  # (1, rows + H*W, C) each

@@ -1,4 +1,5 @@
 import math
+import types
 
 import numpy as np
 import pytest
@@ -337,11 +338,12 @@ def test_units_built_together_equal_each_built_alone(options, grid):
             torch.testing.assert_close(got, want, atol=1e-14, rtol=0)
     for got, want in zip(grads_together, torch.autograd.grad(weighted(alone), params)):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
-    from moppa_mm.operators.moppa_unit import _Stack
     names = [name for name, _ in units[0].named_parameters()]
 
     def build(*flat):  # the stacked build, of the three units' parameters
-        params = {name: _Stack.apply(*flat[i::len(names)]) for i, name in enumerate(names)}
+        holders = [types.SimpleNamespace(**dict(zip(names, flat[i:i + len(names)])))
+                   for i in range(0, len(flat), len(names))]
+        params = units[0].expert_params(holders)
         return units[0]._spectral_terms(grid, 1, tokens.device, tokens.dtype, params)
 
     if grid != units[0].grid_size:  # once per option set, through the resizing

@@ -164,7 +164,8 @@ class _ConvAdapterFunction(torch.autograd.Function):
             grad_pre, hidden, conv_w, 1, (True, needs[5], needs[6]))
         if needs[3]:  # the down weight's gradient reads x: recomputed
             with torch.no_grad():
-                x = _as_map(_recompute_norm(ctx.norm, norm_input).view(grad_out.shape), ctx.grid)
+                x = _recompute_norm(ctx.norm, norm_input)
+                x = _as_map(x if x.shape == grad_out.shape else x.view(grad_out.shape), ctx.grid)
         else:
             x = grad  # only its shape is read
         grad_x, grad_down_w, grad_down_b = _conv_backward(
