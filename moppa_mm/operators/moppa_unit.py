@@ -26,6 +26,7 @@ filter multiply and ONE additive field in the DCT domain. They do not depend on
 a graph capture gets the plain computation, no cache.
 """
 import contextlib
+import functools
 from contextvars import ContextVar
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -439,14 +440,18 @@ class MoPPAUnit(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
-                extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                norm_input: Optional[torch.Tensor] = None, norm: Optional[nn.Module] = None
                 ) -> torch.Tensor:
         """``x``: (..., H, W, C); or, with the (H, W) ``grid``, tokens (B, extra
         + H*W, C), the ``extra`` first (a class token) unchanged. Returns the
         same shape in the DCTs' dtype (the input's or autocast's). Kernels: the
         DCT, one multiply-add with the filter and field (``terms`` from
         :func:`unit_terms`, else cached or built, cast to the spectrum's
-        dtype), the inverse DCT; only the DCT's matmul casts activations."""
+        dtype), the inverse DCT; only the DCT's matmul casts activations.
+        With ``x = norm(norm_input)`` (a plain ``nn.LayerNorm``, whose input
+        is kept for its backward anyway), the backward recomputes ``x`` rather
+        than keep the spectrum: one activation less."""
         if grid is None:  # (..., H, W, C)
             if x.dim() < 3 or x.shape[-1] != self.embed_dims:
                 raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
@@ -468,7 +473,9 @@ class MoPPAUnit(nn.Module):
                 not is_capturing():
             bases = (expanded_kron_basis(*grid, inverse, x.device, key[3], extra, x.shape[0])
                      for inverse in (False, True))
-            return _KronFilter.apply(x, spectral_filter, field, *bases)
+            if not (isinstance(norm, nn.LayerNorm) and type(norm).forward is nn.LayerNorm.forward):
+                norm_input = norm = None  # only a plain LayerNorm can be recomputed
+            return _KronFilter.apply(x, spectral_filter, field, *bases, norm_input, norm)
         spectrum = dct_tokens(x, grid, extra=extra)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         return dct_tokens(spectrum, grid, inverse=True, extra=extra)
@@ -528,15 +535,17 @@ class _KronFilter(torch.autograd.Function):
     Kronecker DCT expanded to the batch (its inverse ``K^T``): the unit's
     forward, with a backward in fewer operations than autograd's (seven, each
     a GPU kernel): ``g' = K g``, the filter's and field's gradients
-    ``sum_b g' * (K x)`` and ``sum_b g'``, then ``K^T (g' * filter)``."""
+    ``sum_b g' * (K x)`` and ``sum_b g'``, then ``K^T (g' * filter)``. The
+    spectrum ``K x`` is kept, or recomputed from ``x = norm(norm_input)``."""
 
     @staticmethod
-    def forward(ctx, x, spectral_filter, field, basis, inverse_basis):
-        ctx.input_dtype = x.dtype
+    def forward(ctx, x, spectral_filter, field, basis, inverse_basis, norm_input, norm):
+        ctx.input_dtype, ctx.norm = x.dtype, norm
         with torch.autocast(x.device.type, enabled=False):
             spectrum = torch.bmm(basis, x.to(basis.dtype))  # (N, T, C)
             out = torch.bmm(inverse_basis, torch.addcmul(field, spectrum, spectral_filter))
-        ctx.save_for_backward(spectrum, spectral_filter, basis, inverse_basis)
+        kept = spectrum if norm is None else norm_input
+        ctx.save_for_backward(kept, spectral_filter, basis, inverse_basis)
         return out
 
     @staticmethod
@@ -545,10 +554,31 @@ class _KronFilter(torch.autograd.Function):
         spectrum, spectral_filter, basis, inverse_basis = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad = torch.bmm(basis, grad.to(basis.dtype))  # (N, T, C): K (K^T)^T
+        if needs[1] and ctx.norm is not None:  # the spectrum from the norm's input
+            spectrum = torch.bmm(basis, recompute_norm(ctx.norm, spectrum).to(basis.dtype))
         grad_filter = (grad * spectrum).sum(0, keepdim=True) if needs[1] else None  # (1, T, C)
         grad_field = grad.sum(0, keepdim=True) if needs[2] else None
         grad_x = torch.bmm(inverse_basis, grad.mul_(spectral_filter)).to(ctx.input_dtype)
-        return grad_x, grad_filter, grad_field, None, None
+        return grad_x, grad_filter, grad_field, None, None, None, None
+
+
+def recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
+    """``norm(norm_input)`` again in a backward, where autocast is off: in the
+    widest dtype of the input and the norm's parameters, every tensor cast to
+    it, as autocast computes a norm (float32 on CUDA, whose kernels refuse a
+    bfloat16 input with float32 weights; CPU's accept the mix)."""
+    params = (norm.weight, norm.bias)
+    dtype = functools.reduce(_promoted, [p.dtype for p in params if p is not None],
+                             norm_input.dtype)
+    weight, bias = (None if p is None else p.to(dtype) for p in params)
+    with torch.no_grad():
+        return F.layer_norm(norm_input.to(dtype), norm.normalized_shape, weight, bias, norm.eps)
+
+
+@functools.lru_cache(maxsize=None)
+def _promoted(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    """``torch.promote_types``, remembered (a dispatched call each time)."""
+    return torch.promote_types(first, second)
 
 
 class _Stack(torch.autograd.Function):

@@ -160,7 +160,7 @@ def test_the_check_catches_the_conv_adapters_former_recompute(monkeypatch):
     def former(norm, norm_input):
         return F.layer_norm(norm_input, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
-    monkeypatch.setattr(conv_adapter, '_recompute_norm', former)
+    monkeypatch.setattr(conv_adapter, 'recompute_norm', former)
     backbone = build('mmdet-swin-window')
     with pytest.raises(MixedDtypeError, match=r'native_layer_norm.*conv_adapter.py.*'
                                               r'autocast is off'):

@@ -42,17 +42,19 @@ class ViTMoPPAUnit(MoPPAUnit):
             'backbone, whose patch embedding gives the grid')
 
     def forward_tokens(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
-                       terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-                       ) -> torch.Tensor:
+                       terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                       norm_input: Optional[torch.Tensor] = None,
+                       norm: Optional[nn.Module] = None) -> torch.Tensor:
         """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
         (H, W) ``grid`` (None: :meth:`patch_grid`); ``terms``: its filter and
-        field, made by the backbone for all its units at once (None: its own;
-        :meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
+        field, made by the backbone for all its units at once (None: its own);
+        ``x = norm(norm_input)``: its backward recomputes ``x`` rather than
+        keep an activation (:meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \
             self.patch_grid(x.shape[1] - self.num_extra_tokens)
-        return self(x, grid, self.num_extra_tokens, terms)
+        return self(x, grid, self.num_extra_tokens, terms, norm_input, norm)
 
 
 class MoPPAEncoderLayer(TransformerEncoderLayer):
@@ -68,7 +70,7 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
         attn_input = self.ln1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
-            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms)
+            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms, x, self.ln1)
         x = x + self.attn(attn_input)
         return self.ffn(self.ln2(x), identity=x)
 

@@ -31,7 +31,8 @@ class MoPPAEncoderLayerSeg(TransformerEncoderLayer):
         attn_input = self.norm1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
-            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms or None)
+            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms or None, x,
+                                             self.norm1)
         x = self.attn(attn_input, identity=x)
         return self.ffn(self.norm2(x), identity=x)
 

@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from moppa_mm.operators.moppa_unit import _promoted, recompute_norm
 from moppa_mm.operators.tracing import is_capturing
 
 
@@ -105,22 +106,6 @@ def _wider(*dtypes: torch.dtype) -> torch.dtype:
     return functools.reduce(_promoted, dtypes)
 
 
-@functools.lru_cache(maxsize=None)
-def _promoted(first: torch.dtype, second: torch.dtype) -> torch.dtype:
-    return torch.promote_types(first, second)
-
-
-def _recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
-    """``norm(norm_input)`` again in backward, where autocast is off: in the
-    widest dtype of the input and the norm's parameters, every tensor cast to
-    it, as autocast computes a norm (float32 on CUDA, whose kernels refuse a
-    bfloat16 input with float32 weights; CPU's accept the mix)."""
-    params = (norm.weight, norm.bias)
-    dtype = _wider(norm_input.dtype, *(p.dtype for p in params if p is not None))
-    weight, bias = (None if p is None else p.to(dtype) for p in params)
-    return F.layer_norm(norm_input.to(dtype), norm.normalized_shape, weight, bias, norm.eps)
-
-
 def _conv_backward(grad, inputs, weight, padding, needs):
     """``convolution_backward`` of a stride-1 ``conv2d``: the gradients of its
     input, weight and bias (those ``needs`` asks for) in one call."""
@@ -163,9 +148,8 @@ class _ConvAdapterFunction(torch.autograd.Function):
         grad_hidden, grad_conv_w, grad_conv_b = _conv_backward(
             grad_pre, hidden, conv_w, 1, (True, needs[5], needs[6]))
         if needs[3]:  # the down weight's gradient reads x: recomputed
-            with torch.no_grad():
-                x = _recompute_norm(ctx.norm, norm_input)
-                x = _as_map(x if x.shape == grad_out.shape else x.view(grad_out.shape), ctx.grid)
+            x = recompute_norm(ctx.norm, norm_input)
+            x = _as_map(x if x.shape == grad_out.shape else x.view(grad_out.shape), ctx.grid)
         else:
             x = grad  # only its shape is read
         grad_x, grad_down_w, grad_down_b = _conv_backward(

@@ -94,9 +94,9 @@ class _LinearScaleShift(torch.autograd.Function):
             recovery = folded_bias.to(stats) if bias is None else \
                 torch.addcmul(folded_bias, bias, scale, value=-1).to(stats)  # r
             inv_scale = scale.reciprocal().to(stats)
-            _, grad_scale, grad_shift = torch.ops.aten.native_batch_norm_backward(
+            grad_scale, grad_shift = torch.ops.aten.native_batch_norm_backward(
                 grad_flat, out, inv_scale, None, None, recovery, inv_scale, True, 0.0,
-                [False, True, True])
+                [False, True, True])[1:]
             grad_scale = grad_scale.nan_to_num_(nan=0.0)  # 0 / 0 at scale 0
             if (ctx.offset, ctx.dims) != (0, out.shape[-1]):
                 part = slice(ctx.offset, ctx.offset + ctx.dims)
