@@ -115,6 +115,8 @@ def matmul_dtype(x: torch.Tensor) -> torch.dtype:
 def _expanded(basis: torch.Tensor, batch: int, key: tuple) -> torch.Tensor:
     """``basis`` expanded to (batch, n, n): a view, cached under the basis'
     ``key`` and the batch size."""
+    if is_capturing():  # the batch may be symbolic: no lookup that would fix it
+        return basis.expand(batch, -1, -1)
     if len(_EXPANDED) > EXPANDED_MAX:
         _EXPANDED.clear()
     return _cached(_EXPANDED, key + (batch, ), lambda: basis.expand(batch, -1, -1))

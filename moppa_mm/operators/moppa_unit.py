@@ -292,16 +292,15 @@ class MoPPAUnit(nn.Module):
         kinds = dict(zip(('frequency', 'channel'), self._param_names()))
         alone = [name for name in ('route_logits', 'gate') if hasattr(self, name)]
         if units is None:  # (E, ...) stacks; the router and gate as they are
-            params = {kind: _Stack.apply(*(getattr(self, name) for name in names))
+            params = {kind: _stack([getattr(self, name) for name in names])
                       for kind, names in kinds.items()}
             return dict(params, **{name: getattr(self, name) for name in alone})
         params = {}
         for kind, names in kinds.items():  # (L * E, ...) -> (L, E, ...)
             tensors = [getattr(unit, name) for unit in units for name in names]
-            params[kind] = _Stack.apply(*tensors).view(len(units), len(names),
-                                                       *tensors[0].shape)
+            params[kind] = _stack(tensors).view(len(units), len(names), *tensors[0].shape)
         for name in alone:
-            params[name] = _Stack.apply(*(getattr(unit, name) for unit in units))
+            params[name] = _stack([getattr(unit, name) for unit in units])
         return params
 
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
@@ -450,8 +449,10 @@ class MoPPAUnit(nn.Module):
         :func:`unit_terms`, else cached or built, cast to the spectrum's
         dtype), the inverse DCT; only the DCT's matmul casts activations.
         With ``x = norm(norm_input)`` (a plain ``nn.LayerNorm``, whose input
-        is kept for its backward anyway), the backward recomputes ``x`` rather
-        than keep the spectrum: one activation less."""
+        is kept for its backward anyway) and the DCTs in low precision (mixed
+        precision, where memory is the point), the backward recomputes ``x``
+        and its DCT rather than keep the spectrum: one activation less, one
+        DCT more (in float32, device-bound, the DCT costs more than it saves)."""
         if grid is None:  # (..., H, W, C)
             if x.dim() < 3 or x.shape[-1] != self.embed_dims:
                 raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
@@ -473,8 +474,9 @@ class MoPPAUnit(nn.Module):
                 not is_capturing():
             bases = (expanded_kron_basis(*grid, inverse, x.device, key[3], extra, x.shape[0])
                      for inverse in (False, True))
-            if not (isinstance(norm, nn.LayerNorm) and type(norm).forward is nn.LayerNorm.forward):
-                norm_input = norm = None  # only a plain LayerNorm can be recomputed
+            if key[3] not in (torch.bfloat16, torch.float16) or not isinstance(
+                    norm, nn.LayerNorm) or type(norm).forward is not nn.LayerNorm.forward:
+                norm_input = norm = None  # a plain LayerNorm's, in mixed precision
             return _KronFilter.apply(x, spectral_filter, field, *bases, norm_input, norm)
         spectrum = dct_tokens(x, grid, extra=extra)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
@@ -593,6 +595,12 @@ class _Stack(torch.autograd.Function):
         return grad.unbind(0)
 
 
+def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(tensors)``, through :class:`_Stack` where it is run (a
+    graph compiler gets the plain op, which it fuses anyway)."""
+    return torch.stack(tensors) if is_capturing() else _Stack.apply(*tensors)
+
+
 def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extra: int,
                like: torch.Tensor) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
     """The filter and field (``terms`` of :meth:`MoPPAUnit.forward`) of each
@@ -610,6 +618,9 @@ def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extr
             continue
         terms[index] = unit._cached_terms(grid, rows, device, dtype)
         if terms[index] is not None:
+            continue
+        if unit.merged:  # its buffers, while a graph is captured
+            terms[index] = unit._spectral_terms(grid, rows, device, dtype)
             continue
         params = unit.named_parameters(recurse=False)
         key = (type(unit), unit.extra_repr()) + tuple(
@@ -678,7 +689,7 @@ def shared_unit_terms(unit: MoPPAUnit, grid: Tuple[int, int], like: torch.Tensor
     """``unit``'s filter and field for tokens like ``like`` on ``grid`` from
     the enclosing :func:`sharing_unit_terms`; None outside one (a checkpoint's
     recompute in backward, a block called alone): the unit builds its own."""
-    shared = _SHARED.get()
+    shared = None if is_capturing() else _SHARED.get()
     return None if shared is None else shared.get(unit, grid, like)
 
 
@@ -709,7 +720,7 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
     for unit in units:
         routers.setdefault(unit.route_logits.shape, []).append(unit.route_logits)
     total = sum((logits.softmax(-1) * logits.log_softmax(-1)).sum()
-                for logits in (_Stack.apply(*group) for group in routers.values()))
+                for logits in (_stack(group) for group in routers.values()))
     return total / len(units)
 
 

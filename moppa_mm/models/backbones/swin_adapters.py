@@ -13,6 +13,7 @@ import torch.utils.checkpoint as cp
 from mmengine.registry import Registry
 
 from moppa_mm.operators import MoPPAUnit, moppa_units, shared_unit_terms, sharing_unit_terms
+from moppa_mm.operators.tracing import is_capturing
 from ..layers import ConvAdapter, ScaleShift
 from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
@@ -182,8 +183,9 @@ class SwinAdapterMixin(AdapterMixin):
         units built once for this call, stacked, when a unit first asks
         (:func:`~moppa_mm.operators.sharing_unit_terms`): a stage's units are
         alike, and a training step pays per operation, not per unit."""
-        groups = [moppa_units(stage) for stage in self.stages]
-        with sharing_unit_terms(groups, x):
+        if is_capturing():  # a graph compiler fuses each unit's own
+            return super().forward(x)
+        with sharing_unit_terms([moppa_units(stage) for stage in self.stages], x):
             return super().forward(x)
 
     def arch_record(self) -> dict:

@@ -83,6 +83,8 @@ def _as_map(x: torch.Tensor, grid: Optional[Tuple[int, int]]) -> torch.Tensor:
     (B, C, H, W) map they hold in channels-last layout: a view (one call)."""
     if grid is None:
         return x.permute(0, 3, 1, 2)
+    if is_capturing():  # an exporter's sizes may be symbolic
+        return x.view(x.shape[0], *grid, x.shape[-1]).permute(0, 3, 1, 2)
     batch, tokens, channels = x.shape
     height, width = grid
     return x.as_strided((batch, channels, height, width),
@@ -94,7 +96,7 @@ def _as_layout_of(feature_map: torch.Tensor, like: torch.Tensor) -> torch.Tensor
     (B, H*W, C): a view where the convolution kept the channels-last layout."""
     if like.dim() == 4:
         return feature_map.permute(0, 2, 3, 1)
-    if not feature_map.is_contiguous(memory_format=torch.channels_last):
+    if is_capturing() or not feature_map.is_contiguous(memory_format=torch.channels_last):
         return feature_map.flatten(2).transpose(1, 2)
     batch, channels = feature_map.shape[:2]
     return feature_map.as_strided((batch, like.shape[1], channels), (

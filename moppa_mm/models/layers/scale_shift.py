@@ -84,11 +84,6 @@ class _LinearScaleShift(torch.autograd.Function):
         needs = ctx.needs_input_grad
         grad_flat = grad.reshape(out.shape)  # (N, out)
         grad_inputs = grad_scale = grad_shift = None
-        if needs[0]:
-            if ctx.rebuild:  # the layer's weight (out, in), saved instead of a copy
-                weight_t = weight_t.t() * scale
-            grad_inputs = grad_flat.mm(weight_t.t()).view(*grad.shape[:-1], -1).to(
-                ctx.input_dtype)
         if needs[3] or needs[4]:
             stats = torch.float64 if out.dtype == torch.float64 else torch.float32
             recovery = folded_bias.to(stats) if bias is None else \
@@ -101,6 +96,11 @@ class _LinearScaleShift(torch.autograd.Function):
             if (ctx.offset, ctx.dims) != (0, out.shape[-1]):
                 part = slice(ctx.offset, ctx.offset + ctx.dims)
                 grad_scale, grad_shift = grad_scale[part], grad_shift[part]
+        if needs[0]:
+            if ctx.rebuild:  # the layer's weight (out, in), saved instead of a copy
+                weight_t = weight_t.t() * scale
+            grad_inputs = grad_flat.mm(weight_t.t()).view(*grad.shape[:-1], -1).to(
+                ctx.input_dtype)
         return grad_inputs, None, None, grad_scale, grad_shift, None
 
 
@@ -217,12 +217,16 @@ class LinearScaleShift(ScaleShiftLayer, nn.Linear):
 class Conv2dScaleShift(ScaleShiftLayer, nn.Conv2d):
     """``nn.Conv2d`` with a :class:`ScaleShift` (``ssf_out``) on its output
     channels (the patch embedding's projection), folded into the weight and
-    bias. Made from a backbone's layer by :meth:`~ScaleShiftLayer.convert`."""
+    bias. It computes in its weight's dtype, autocast or not: the scale's
+    gradient reads the convolution's input, which is then the images as they
+    come (float32) rather than a low-precision copy kept for backward. Made
+    from a backbone's layer by :meth:`~ScaleShiftLayer.convert`."""
 
     BASE = nn.Conv2d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, *self.folded())  # (B, C, H, W)
+        with torch.autocast(x.device.type, enabled=False):
+            return self._conv_forward(x.to(self.weight.dtype), *self.folded())  # (B, C, H, W)
 
     def _plain_layer(self) -> nn.Conv2d:
         return torch.nn.utils.skip_init(
