@@ -46,8 +46,7 @@ EXPERTS = ('heat', 'wave', 'poisson')
 INIT_MODES = ('paper', 'identity')
 HEAT_PARAMS = ('raw', 'softplus')
 RESIZE_MODES = ('bicubic', 'bilinear', 'nearest')
-FREQ_PARAMS = ('heat_coef', 'wave_coef', 'source_freq')  # (Hr, Wr, N): per expert
-CHANNEL_PARAMS = ('heat_time', 'wave_time', 'source_channel')  # (C/N, ): per expert
+FREQ_PARAMS = ('frequency_maps', )  # indexed by frequency: resized to another grid on load
 
 
 def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
@@ -81,12 +80,11 @@ def _expert_factors(experts: Tuple[str, ...], h: int, w: int, eta: float, device
     return _cached(_FACTORS, (experts, h, w, eta, torch.device(device), dtype), build)
 
 
-def _softplus_rows(names: List[str], trailing: int, device) -> torch.Tensor:
-    """True at the rows of ``names`` that hold ``softplus^-1`` of k or t,
-    (E, 1...) with ``trailing`` ones, cached."""
-    return _cached(_FACTORS, ('softplus', tuple(names), trailing, torch.device(device)),
-                   lambda: torch.tensor([name in ('heat_coef', 'heat_time') for name in names],
-                                        device=device).view(-1, *[1] * trailing))
+def _softplus_rows(rows: int, trailing: int, device) -> torch.Tensor:
+    """True at the first of ``rows`` (heat's, that hold ``softplus^-1`` of k
+    and t), shaped (rows, 1...) with ``trailing`` ones, cached."""
+    return _cached(_FACTORS, ('softplus', rows, trailing, torch.device(device)),
+                   lambda: (torch.arange(rows, device=device) == 0).view(-1, *[1] * trailing))
 
 
 def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
@@ -177,7 +175,8 @@ class MoPPAUnit(nn.Module):
             at once and every other parameter as soon as the gate leaves 0 (as
             LoRA's zero-initialised B). ``gate = 1`` is exactly Eq. 11; the
             gate adds ``C/N`` parameters per unit.
-        heat_param (str): How ``heat_coef`` and ``heat_time`` hold k and t.
+        heat_param (str): How heat's rows of ``frequency_maps`` and
+            ``channel_maps`` hold k and t.
             'raw' (default, the paper's): as they are; a negative ``k t``
             makes heat amplify high frequencies as ``exp(|k t| w^2)``.
             'softplus': they hold ``softplus^-1`` of k and t, so k, t >= 0 and
@@ -216,20 +215,14 @@ class MoPPAUnit(nn.Module):
         self.init_mode = init_mode
         self.heat_param = heat_param
 
-        # frequency x head, stored in the layout the filter uses: no permute per
-        # forward, and gradients keep the parameters' strides (DDP buckets)
-        freq_shape = (*self.grid_size, num_heads)  # (Hr, Wr, N)
-        if 'heat' in self.experts:
-            self.heat_coef = nn.Parameter(torch.empty(freq_shape))  # k
-            self.heat_time = nn.Parameter(torch.empty(self.head_dims))  # t
-        if 'wave' in self.experts:
-            self.wave_coef = nn.Parameter(torch.empty(freq_shape))  # c
-            if not (share_time and 'heat' in self.experts):
-                self.wave_time = nn.Parameter(torch.empty(self.head_dims))
-        if 'poisson' in self.experts:
-            self.source_freq = nn.Parameter(torch.empty(freq_shape))  # H1
-            self.source_channel = nn.Parameter(torch.empty(self.head_dims))  # H2
-        self.route_logits = nn.Parameter(torch.zeros(len(self.experts)))  # lambda
+        # one row per expert; frequency x head in the layout the filter uses (no
+        # permute per forward; gradients keep the parameters' strides: DDP buckets)
+        experts = len(self.experts)
+        self.frequency_maps = nn.Parameter(torch.empty(experts, *self.grid_size, num_heads))
+        shared = share_time and {'heat', 'wave'} <= set(self.experts)
+        self.channel_rows = tuple(row - (shared and row > 0) for row in range(experts))
+        self.channel_maps = nn.Parameter(torch.empty(experts - shared, self.head_dims))
+        self.route_logits = nn.Parameter(torch.zeros(experts))  # lambda
         if init_mode == 'identity':  # blends X and Eq. 11, per channel in a head
             self.gate = nn.Parameter(torch.empty(self.head_dims))
 
@@ -242,19 +235,19 @@ class MoPPAUnit(nn.Module):
         the stored heat parameters are the softplus inverses of the same k, t
         (k drawn at least ``1e-4 coef_init`` so its inverse stays finite)."""
         with torch.no_grad():
-            for name in ('heat_coef', 'wave_coef'):
-                if hasattr(self, name):
-                    getattr(self, name).uniform_(0, self.coef_init)
-            for name in ('heat_time', 'wave_time'):
-                if hasattr(self, name):
-                    getattr(self, name).fill_(self.time_init)
+            for expert, frequency, row in zip(self.experts, self.frequency_maps,
+                                              self.channel_rows):
+                channel = self.channel_maps[row]
+                if expert == 'poisson':  # H1, H2
+                    frequency.normal_(0, self.source_init_std)
+                    channel.normal_(0, self.source_init_std)
+                else:  # k or c; t
+                    frequency.uniform_(0, self.coef_init)
+                    channel.fill_(self.time_init)
             if self.heat_param == 'softplus' and 'heat' in self.experts:
-                k = self.heat_coef.clamp_(min=1e-4 * self.coef_init)
+                k = self.frequency_maps[0].clamp_(min=1e-4 * self.coef_init)
                 k.copy_(inverse_softplus(k))
-                self.heat_time.copy_(inverse_softplus(self.heat_time))
-            if 'poisson' in self.experts:
-                self.source_freq.normal_(0, self.source_init_std)
-                self.source_channel.normal_(0, self.source_init_std)
+                self.channel_maps[0].copy_(inverse_softplus(self.channel_maps[0]))
             self.route_logits.zero_()
             if self.init_mode == 'identity':
                 self.gate.zero_()
@@ -272,36 +265,21 @@ class MoPPAUnit(nn.Module):
                 self.route_logits.log_softmax(0)).sum()
 
     # -------------------------------------------------------- filter and field
-    def _param_names(self) -> Tuple[List[str], List[str]]:
-        """The per-frequency and per-channel parameters of the experts in use,
-        one each, in ``EXPERTS`` order (wave's time is heat's if shared)."""
-        frequency = [FREQ_PARAMS[EXPERTS.index(e)] for e in self.experts]
-        channel = [CHANNEL_PARAMS[EXPERTS.index(e)] for e in self.experts]
-        if 'wave_time' in channel and not hasattr(self, 'wave_time'):  # share_time
-            channel[channel.index('wave_time')] = 'heat_time'
-        return frequency, channel
+    def expert_maps(self, expert: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``expert``'s rows of ``frequency_maps`` (Hr, Wr, N) and
+        ``channel_maps`` (C/N, ), views: heat's k and t, wave's c and t,
+        Poisson's H1 and H2 (heat's as stored: softplus^-1 with 'softplus')."""
+        row = self.experts.index(expert)
+        return self.frequency_maps[row], self.channel_maps[self.channel_rows[row]]
 
     def expert_params(self, units: Optional[Sequence['MoPPAUnit']] = None
                       ) -> Dict[str, torch.Tensor]:
-        """The parameters as :meth:`filter_and_field` takes them: ``frequency``
-        (E, Hr, Wr, N), each expert's map over frequency and head (heat's k,
-        wave's c, Poisson's H1); ``channel`` (E, C/N), each expert's factor per
-        channel in a head (heat's t, wave's t, Poisson's H2); ``route_logits``
-        (E, ); ``gate`` (C/N, ) with ``init_mode='identity'``. Of ``units``
-        (this one's alike) stacked, (L, ...) each: one operation per kind."""
-        kinds = dict(zip(('frequency', 'channel'), self._param_names()))
-        alone = [name for name in ('route_logits', 'gate') if hasattr(self, name)]
-        if units is None:  # (E, ...) stacks; the router and gate as they are
-            params = {kind: _stack([getattr(self, name) for name in names])
-                      for kind, names in kinds.items()}
-            return dict(params, **{name: getattr(self, name) for name in alone})
-        params = {}
-        for kind, names in kinds.items():  # (L * E, ...) -> (L, E, ...)
-            tensors = [getattr(unit, name) for unit in units for name in names]
-            params[kind] = _stack(tensors).view(len(units), len(names), *tensors[0].shape)
-        for name in alone:
-            params[name] = _stack([getattr(unit, name) for unit in units])
-        return params
+        """The parameters by name, or those of ``units`` (this one's alike)
+        stacked, (L, ...) each: one operation per parameter."""
+        names = [name for name, _ in self.named_parameters(recurse=False)]
+        if units is None:
+            return {name: getattr(self, name) for name in names}
+        return {name: _stack([getattr(unit, name) for unit in units]) for name in names}
 
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
                          flat: bool = False, params: Optional[Dict[str, torch.Tensor]] = None
@@ -319,17 +297,19 @@ class MoPPAUnit(nn.Module):
         logits = params['route_logits']
         device, dtype = device or logits.device, dtype or logits.dtype
         lead = logits.shape[:-1]  # () or (L,)
-        frequency, channel = params['frequency'], params['channel']  # (L.., E, ...)
+        frequency, channel = params['frequency_maps'], params['channel_maps']  # (L.., E, ...)
         if (h, w) != self.grid_size:  # (L.., E, Hr, Wr, N) -> (L.., E, H, W, N)
             maps = frequency.movedim(-1, -3)  # (L.., E, N, Hr, Wr)
             resized = resize_frequency_map(maps.reshape(-1, *self.grid_size), (h, w),
                                            self.resize_mode)  # (L.. * E * N, H, W)
             frequency = resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
-        if self.heat_param == 'softplus':  # k and heat's t (wave's too if shared)
-            frequency, channel = (torch.where(_softplus_rows(names, trailing, device),
-                                              F.softplus(p), p) for names, trailing, p in zip(
-                                      self._param_names(), (3, 1), (frequency, channel)))
+        if self.heat_param == 'softplus' and 'heat' in self.experts:  # k and heat's t
+            frequency, channel = (torch.where(_softplus_rows(p.shape[-1 - trailing], trailing,
+                                                             device), F.softplus(p), p)
+                                  for trailing, p in ((3, frequency), (1, channel)))
         experts = len(self.experts)
+        if len(self.channel_rows) != channel.shape[-2]:  # share_time: wave reads heat's t
+            channel = channel[..., self.channel_rows, :]
         # each expert's (per frequency and head) x (per channel in a head), one
         # product for all: (L.., E, H, W, N, C/N); heat's k (-w^2) t, wave's
         # c |w| t, Poisson's H1 / (w^2 + eta) H2
@@ -385,20 +365,18 @@ class MoPPAUnit(nn.Module):
         at another image size) are resized to this unit's grid on load, with
         :func:`resize_frequency_map` (frequency-exact), as mmpretrain resizes
         ``pos_embed``; other mismatches are left to ``load_state_dict``."""
-        for name in FREQ_PARAMS:
-            key = prefix + name
-            if not hasattr(self, name) or key not in state_dict:
-                continue
-            saved = state_dict[key]  # (Hs, Ws, N)
-            if saved.dim() != 3 or saved.shape[2] != self.num_heads or \
-                    tuple(saved.shape[:2]) == self.grid_size:
-                continue
-            state_dict[key] = resize_frequency_map(
-                saved.permute(2, 0, 1), self.grid_size,
-                self.resize_mode).permute(1, 2, 0).contiguous()  # (Hr, Wr, N)
-            print_log(f'{key}: frequency map resized from grid '
-                      f'{tuple(saved.shape[:2])} to {self.grid_size} '
-                      f'({self.resize_mode}, frequency-exact)', logger='current')
+        key = prefix + FREQ_PARAMS[0]
+        saved = state_dict.get(key)  # (E, Hs, Ws, N)
+        if hasattr(self, 'frequency_maps') and isinstance(saved, torch.Tensor) and \
+                saved.dim() == 4 and saved.shape[::3] == self.frequency_maps.shape[::3] and \
+                tuple(saved.shape[1:3]) != self.grid_size:
+            maps = saved.permute(0, 3, 1, 2).reshape(-1, *saved.shape[1:3])  # (E*N, Hs, Ws)
+            resized = resize_frequency_map(maps, self.grid_size, self.resize_mode)
+            state_dict[key] = resized.view(saved.shape[0], self.num_heads, *self.grid_size
+                                           ).permute(0, 2, 3, 1).contiguous()  # (E, Hr, Wr, N)
+            print_log(f'{key}: frequency maps resized from grid {tuple(saved.shape[1:3])} '
+                      f'to {self.grid_size} ({self.resize_mode}, frequency-exact)',
+                      logger='current')
         self._eval_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

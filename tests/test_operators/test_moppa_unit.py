@@ -34,8 +34,8 @@ def test_heat_decays_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega_sq = (math.pi * n / h)**2 + (math.pi * m / w)**2
-    k = unit.heat_coef.detach().numpy()[n, m, :]  # (N,)
-    t = unit.heat_time.detach().numpy()  # (C/N,)
+    k, t = (p.detach().numpy() for p in unit.expert_maps('heat'))  # (H, W, N), (C/N,)
+    k = k[n, m, :]  # (N,)
     decay = np.exp(-k[:, None] * omega_sq * t[None, :]).reshape(-1)  # (C,)
     # a single expert: the router weight is 1
     np.testing.assert_allclose(y, x.numpy() * decay, atol=1e-12)
@@ -48,8 +48,8 @@ def test_wave_oscillates_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega = math.sqrt((math.pi * n / h)**2 + (math.pi * m / w)**2)
-    c = unit.wave_coef.detach().numpy()[n, m, :]
-    t = unit.wave_time.detach().numpy()
+    c, t = (p.detach().numpy() for p in unit.expert_maps('wave'))
+    c = c[n, m, :]
     factor = np.cos(c[:, None] * omega * t[None, :]).reshape(-1)
     np.testing.assert_allclose(y, x.numpy() * factor, atol=1e-12)
 
@@ -59,8 +59,7 @@ def test_poisson_field_matches_independent_computation():
     unit = make_unit(h, w, dims, heads, experts=('poisson', ))
     x = torch.randn(2, h, w, dims, dtype=torch.float64)
     y = unit(x).detach().numpy()
-    h1 = unit.source_freq.detach().numpy()  # (H, W, N)
-    h2 = unit.source_channel.detach().numpy()  # (C/N,)
+    h1, h2 = (p.detach().numpy() for p in unit.expert_maps('poisson'))  # (H, W, N), (C/N,)
     source = np.einsum('hwn,d->hwnd', h1, h2).reshape(h, w, dims)
     wy, wx = np.meshgrid(np.pi * np.arange(h) / h, np.pi * np.arange(w) / w,
                          indexing='ij')
@@ -106,8 +105,7 @@ def test_gradcheck_every_parameter():
     unit = make_unit(3, 4, 4, 2)
     x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
     names, params = zip(*unit.named_parameters())
-    assert set(names) == {'heat_coef', 'heat_time', 'wave_coef', 'wave_time',
-                          'source_freq', 'source_channel', 'route_logits'}
+    assert names == ('frequency_maps', 'channel_maps', 'route_logits')
 
     def run(inp, *ps):
         state = dict(zip(names, ps))
@@ -152,8 +150,9 @@ def test_initialisation_is_near_identity_scaled_by_router():
     assert rel < 0.15, rel
     # the wave expert is not stuck at its stationary point c = 0
     unit(x).sum().backward()
-    assert unit.wave_coef.grad.abs().sum() > 0
-    assert unit.wave_time.grad.abs().sum() > 0
+    wave = unit.experts.index('wave')
+    assert unit.frequency_maps.grad[wave].abs().sum() > 0
+    assert unit.channel_maps.grad[wave].abs().sum() > 0
 
 
 def count_filter_builds(unit):
@@ -286,13 +285,13 @@ def test_frequency_maps_saved_on_another_grid_are_resized_on_load():
     big = MoPPAUnit(8, 2, (6, 5))
     saved = small.state_dict()
     big.load_state_dict(saved)  # strict
-    for name in ('heat_coef', 'wave_coef', 'source_freq'):
-        expected = resize_frequency_map(saved[name].permute(2, 0, 1), (6, 5))
-        torch.testing.assert_close(getattr(big, name), expected.permute(1, 2, 0),
+    for row, expert in enumerate(big.experts):  # k, c, H1
+        expected = resize_frequency_map(saved['frequency_maps'][row].permute(2, 0, 1), (6, 5))
+        torch.testing.assert_close(big.expert_maps(expert)[0], expected.permute(1, 2, 0),
                                    atol=0, rtol=0)
-    for name in ('heat_time', 'source_channel', 'route_logits'):
+    for name in ('channel_maps', 'route_logits'):
         torch.testing.assert_close(getattr(big, name), saved[name], atol=0, rtol=0)
-    with pytest.raises(RuntimeError, match='size mismatch for heat_coef'):
+    with pytest.raises(RuntimeError, match='size mismatch for frequency_maps'):
         MoPPAUnit(8, 4, 4).load_state_dict(saved)  # other heads: not resizable
 
 

@@ -214,11 +214,11 @@ def test_checkpoint_at_224_loads_into_384():
     at_384 = MoPPAVisionTransformer(arch=arch, img_size=384, patch_size=16)
     saved = at_224.state_dict()
     at_384.load_state_dict(saved)  # strict; pos_embed is resized by mmpretrain
-    for name in ('heat_coef', 'wave_coef', 'source_freq'):
-        key = f'layers.0.moppa.{name}'
-        assert saved[key].shape == (14, 14, 4)
-        expected = resize_frequency_map(saved[key].permute(2, 0, 1), (24, 24))
-        torch.testing.assert_close(at_384.state_dict()[key], expected.permute(1, 2, 0),
+    key = 'layers.0.moppa.frequency_maps'
+    assert saved[key].shape == (3, 14, 14, 4)  # k, c, H1
+    for row in range(3):
+        expected = resize_frequency_map(saved[key][row].permute(2, 0, 1), (24, 24))
+        torch.testing.assert_close(at_384.state_dict()[key][row], expected.permute(1, 2, 0),
                                    atol=0, rtol=0)
 
 
@@ -251,7 +251,7 @@ def test_unit_on_tokens_equals_split_unit_concatenation(img_size, autocast):
     unit = model.layers[0].moppa
     with torch.no_grad():
         unit.gate.uniform_(0.5, 1.5)  # 0 at init: the unit would be the identity
-        unit.source_channel.normal_(0, 1)
+        unit.expert_maps('poisson')[1].normal_(0, 1)
     model.train()
     h, w = unit.grid_size
     x = torch.randn(2, 1 + h * w, 32, requires_grad=True)
