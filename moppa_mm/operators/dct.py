@@ -2,22 +2,18 @@
 
 The transform is separable, ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
 orthonormal DCT-II matrix, and the inverse is its transpose. On tokens
-``(B, H*W, C)`` (a grid flattened row-major, as transformers hold it) it runs
-as batched matmuls without any permute (``bmm``: one kernel each, where
-``matmul`` on N-D tensors adds views and expands), in one of two ways:
+``(B, H*W, C)`` (a grid flattened row-major) it runs as ``bmm`` (one kernel,
+no permute) with a basis expanded to the batch, in one of two ways:
 
 - ``'kron'``: ONE matmul with the Kronecker basis ``C_H (x) C_W`` (HW, HW):
-  ``HW / (H + W)`` times the multiply-adds of the separable form, but one
-  pass over the tensor instead of two. Leading extra tokens (a ViT's class
-  token) pass through an identity block of the basis: no split, no join;
+  more multiply-adds than the separable form, one pass over the tensor instead
+  of two; leading extra tokens (a class token) pass through an identity block;
 - ``'separable'``: two matmuls, along H then along W.
 
 ``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens,
-as measured (benchmarks/run.py, section ``dct``): on CPU (2 cores) it is
-1.2-1.7x faster at 7x7 and 8x8 and slower from 10x10 on; on CUDA (an H100)
-faster up to 14x14, a ViT-B/16's grid at 224 px. Device types not measured
-take the CPU's table. Bases and frequency grids are cached per (size, device,
-dtype), except what a graph capture builds (:func:`_cached`).
+where it was measured faster (docs/performance.md); unmeasured device types
+take the CPU's. Bases are cached per (size, device, dtype), except what a graph
+capture builds (:func:`_cached`).
 """
 import math
 from typing import Dict, Tuple, Union
@@ -129,11 +125,6 @@ def expanded_kron_basis(h: int, w: int, inverse: bool, device, dtype, extra: int
                      ('kron', h, w, inverse, extra, torch.device(device), dtype))
 
 
-def _batched(basis: torch.Tensor, x: torch.Tensor, key: tuple) -> torch.Tensor:
-    """``basis @ x[i]`` for each i of ``x`` (N, n, m): one ``bmm``."""
-    return torch.bmm(_expanded(basis, x.shape[0], key), x)
-
-
 def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
                inverse: bool = False, extra: int = 0) -> torch.Tensor:
     """Orthonormal DCT-II (DCT-III if ``inverse``) of ``x`` (B, extra + H*W,
@@ -156,10 +147,12 @@ def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
     basis_w = dct_basis(w, device, dtype, inverse)
 
     def along_h(t):  # (B, H, W*C): mixes rows
-        return _batched(basis_h, t.reshape(batch, h, w * channels), (h, inverse, device, dtype))
+        return torch.bmm(_expanded(basis_h, batch, (h, inverse, device, dtype)),
+                         t.reshape(batch, h, w * channels))
 
     def along_w(t):  # (B*H, W, C): mixes columns
-        return _batched(basis_w, t.reshape(batch * h, w, channels), (w, inverse, device, dtype))
+        return torch.bmm(_expanded(basis_w, batch * h, (w, inverse, device, dtype)),
+                         t.reshape(batch * h, w, channels))
 
     out = along_h(along_w(x)) if inverse else along_w(along_h(x))
     return out.view(batch, tokens, channels)

@@ -1,12 +1,7 @@
-"""Whether a forward is being captured into a graph rather than run.
-
-Under ``torch.compile`` (dynamo), ``torch.export`` (which torch's default ONNX
-exporter uses), the TorchScript tracer (the older ONNX exporter) and
-``torch.jit.trace``, the operators take their plain paths: no custom autograd
-functions, no eval cache keyed on parameter versions, no values read back
-from the device. The graph compilers fuse the plain operations themselves; a
-trace of an eager-only path could record a constant it does not understand.
-"""
+"""Whether a forward is being captured into a graph rather than run: then
+(dynamo, ``torch.export``, the TorchScript tracer, the ONNX exporters) the
+operators take their plain paths, which compilers fuse themselves; no custom
+autograd function, no cache, no value read back from the device."""
 import torch
 
 

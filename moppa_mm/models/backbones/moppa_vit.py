@@ -28,8 +28,8 @@ class ViTMoPPAUnit(MoPPAUnit):
     num_extra_tokens = 1
 
     def patch_grid(self, num_patches: int) -> Tuple[int, int]:
-        """The (H, W) grid of ``num_patches`` patch tokens when a layer is
-        called without one: the reference grid, else a square one."""
+        """The grid of ``num_patches`` patches for a layer called without one:
+        the reference grid, else a square one."""
         if self.grid_size[0] * self.grid_size[1] == num_patches:
             return tuple(self.grid_size)
         side = math.isqrt(num_patches)
@@ -45,11 +45,9 @@ class ViTMoPPAUnit(MoPPAUnit):
                        terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                        norm_input: Optional[torch.Tensor] = None,
                        norm: Optional[nn.Module] = None) -> torch.Tensor:
-        """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
-        (H, W) ``grid`` (None: :meth:`patch_grid`); ``terms``: its filter and
-        field, made by the backbone for all its units at once (None: its own);
-        ``x = norm(norm_input)``: its backward recomputes ``x`` rather than
-        keep an activation (:meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
+        """The unit on ``x`` (B, extra + H*W, C), the patches on ``grid`` (None:
+        :meth:`patch_grid`); ``terms`` from the backbone (None: its own); ``x =
+        norm(norm_input)`` (:meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \
@@ -63,9 +61,8 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 
     def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
                 unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W), None for the
-        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`);
-        ``unit_terms``: the unit's filter and field, from the backbone
+        """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W) (None: the unit's
+        guess); ``unit_terms``: the unit's filter and field from the backbone
         (:func:`~moppa_mm.operators.unit_terms`; None: the unit's own)."""
         attn_input = self.ln1(x)
         unit = self._modules.get('moppa')
@@ -185,10 +182,9 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         return ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """mmpretrain's ``VisionTransformer.forward`` with one change: every
-        layer is called with the patch grid of this forward, which the patch
-        embedding returns, and its unit's filter and field, made for all units
-        at once (:func:`~moppa_mm.operators.unit_terms`)."""
+        """mmpretrain's ``VisionTransformer.forward``, every layer called with
+        the patch grid and its unit's filter and field, built for all units at
+        once (:func:`~moppa_mm.operators.unit_terms`)."""
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)  # (B, H*W, C), (H, W)
         if self.cls_token is not None:

@@ -29,11 +29,9 @@ class SwinMoPPAUnit(MoPPAUnit):
     scope = 'window'
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        """The unit on ``tokens`` (N, H*W, C) on an (H, W) ``grid``: the
-        (shifted) windows the attention sees, or the block's feature map. Its
-        filter and field are those the backbone built for the stage's units
-        in this forward (:func:`~moppa_mm.operators.shared_unit_terms`), else
-        its own."""
+        """The unit on ``tokens`` (N, H*W, C) on ``grid`` (windows or the feature
+        map), with the filter and field the backbone built for the stage's units
+        (:func:`~moppa_mm.operators.shared_unit_terms`), else its own."""
         if not self.enabled:
             return tokens
         return self(tokens, grid, terms=shared_unit_terms(self, grid, tokens))
@@ -88,11 +86,9 @@ class MoPPAWindowMSAMixin:
 
 class MoPPASwinBlockMixin:
     """Mixed into a package's ``SwinBlock``: its forward written out with the
-    adapters (when the block has them): ``norm1``, the global-scope unit,
-    ``attn`` (the window-scope unit runs inside, see
-    :class:`MoPPAWindowMSAMixin`), the residual, ``norm2``, the conv adapter,
-    ``ffn`` with the residual. ``with_cp`` checkpoints it as the base class
-    does; the recompute gets the grid with the call."""
+    adapters: ``norm1``, the global-scope unit, ``attn`` (the window-scope
+    unit inside), the residual, ``norm2``, the conv adapter, ``ffn``.
+    ``with_cp`` checkpoints it as the base class does, with the grid."""
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """``x``: (B, H*W, C) on the ``hw_shape`` (H, W) grid."""
@@ -179,10 +175,9 @@ class SwinAdapterMixin(AdapterMixin):
         self._build_base(merged)
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """The package's forward, with the filters and fields of each stage's
-        units built once for this call, stacked, when a unit first asks
-        (:func:`~moppa_mm.operators.sharing_unit_terms`): a stage's units are
-        alike, and a training step pays per operation, not per unit."""
+        """The package's forward, each stage's units' filters and fields built
+        once for the call, stacked (:func:`~moppa_mm.operators.sharing_unit_terms`):
+        a training step pays per operation, not per unit."""
         if is_capturing():  # a graph compiler fuses each unit's own
             return super().forward(x)
         with sharing_unit_terms([moppa_units(stage) for stage in self.stages], x):

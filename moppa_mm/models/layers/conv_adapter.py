@@ -14,16 +14,11 @@ from moppa_mm.operators.tracing import is_capturing
 class ConvAdapter(nn.Module):
     """Residual bottleneck with a 3x3 convolution, on channel-last tokens.
 
-    ``x + up(act(conv3x3(down(x))))``: ``down`` and ``up`` are 1x1
-    convolutions and the 3x3 convolution runs on the ``hidden_dims``
-    bottleneck, all on a channels-last view of the (B, H, W, C) tokens (no
-    copy). ``up`` starts at zero, so the adapter starts as the identity and
-    the pre-trained block's output is unchanged.
-
-    It computes in the dtype of its input and parameters, autocast or not:
-    under autocast that is float32 (a LayerNorm's output and the
-    parameters), so no activation or weight is cast, and its small
-    convolutions (a seventh of the block's width) stay cheap.
+    ``x + up(act(conv3x3(down(x))))``, ``down`` and ``up`` 1x1 convolutions, on
+    a channels-last view of the tokens (no copy); ``up`` starts at zero (the
+    identity at init). It computes in its input's and parameters' dtype,
+    autocast or not: float32 there (a LayerNorm's output), no activation or
+    weight cast, its convolutions a seventh of the block's width.
     :meth:`forward_after_norm`: the same, leaner on memory, after a LayerNorm.
 
     Args:
@@ -38,8 +33,7 @@ class ConvAdapter(nn.Module):
         self.embed_dims = embed_dims
         self.hidden_dims = hidden_dims
         self.down = nn.Conv2d(embed_dims, hidden_dims, 1)
-        # channels last, the layout its gradient comes in from a channels-last
-        # input: no copy into the parameter's layout per step
+        # channels last, as its gradient comes: no copy into its layout per step
         self.conv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1).to(
             memory_format=torch.channels_last)
         self.act = nn.GELU()
@@ -79,8 +73,8 @@ class ConvAdapter(nn.Module):
 
 
 def _as_map(x: torch.Tensor, grid: Optional[Tuple[int, int]]) -> torch.Tensor:
-    """(B, H, W, C), or (B, H*W, C) tokens on the (H, W) ``grid``, as the
-    (B, C, H, W) map they hold in channels-last layout: a view (one call)."""
+    """(B, H, W, C), or (B, H*W, C) tokens on ``grid``, as the channels-last
+    (B, C, H, W) map: a view, one call."""
     if grid is None:
         return x.permute(0, 3, 1, 2)
     if is_capturing():  # an exporter's sizes may be symbolic
@@ -92,8 +86,8 @@ def _as_map(x: torch.Tensor, grid: Optional[Tuple[int, int]]) -> torch.Tensor:
 
 
 def _as_layout_of(feature_map: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A (B, C, H, W) convolution output as ``like``'s (B, H, W, C) or
-    (B, H*W, C): a view where the convolution kept the channels-last layout."""
+    """A (B, C, H, W) convolution output as ``like``'s (B, H, W, C) or (B, H*W,
+    C): a view of a channels-last output."""
     if like.dim() == 4:
         return feature_map.permute(0, 2, 3, 1)
     if is_capturing() or not feature_map.is_contiguous(memory_format=torch.channels_last):
@@ -117,14 +111,11 @@ def _conv_backward(grad, inputs, weight, padding, needs):
 
 
 class _ConvAdapterFunction(torch.autograd.Function):
-    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``.
-
-    Autograd would save ``x`` for the ``down`` weight's gradient and both the
-    convolution's output and the activation: ``C + 3r`` channels per token.
-    Here only the convolution's input and output are saved (``2r``); ``x`` is
-    recomputed from ``norm_input`` (already saved by the LayerNorm, so sharing
-    it costs nothing) and the activation from the convolution's output. Each
-    convolution's backward is one call for its three gradients.
+    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``. Autograd
+    would save ``x``, the convolution's output and the activation (``C + 3r``
+    channels per token); this saves the convolution's input and output (``2r``)
+    and recomputes ``x`` from ``norm_input`` (which the LayerNorm keeps anyway)
+    and the activation. Each convolution's backward: one call, three gradients.
     """
 
     @staticmethod

@@ -1,14 +1,7 @@
-"""Learnable per-channel scale & shift (SSF / RLRR style) on a frozen layer's output.
-
-The layer whose output is scaled runs it: :class:`LinearScaleShift` and
-:class:`Conv2dScaleShift` are ``nn.Linear`` / ``nn.Conv2d`` with a
-:class:`ScaleShift` child (``ssf_out``: the adapter's parameters) that they
-fold into their weight and bias (:func:`_folded`), one multiply of a small
-tensor and no pass over the activations, as mmpretrain's ``LoRALinear`` runs
-its low-rank branch. :func:`add_scale_shift` turns a backbone's own layer into
-one in place (its class is swapped), so that its weight and bias keep the
-state-dict keys of the official checkpoints (``layers.0.attn.qkv.weight``).
-"""
+"""Learnable per-channel scale & shift (SSF / RLRR style) on a frozen layer's output,
+run by the layer itself (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`), as
+mmpretrain's ``LoRALinear`` runs its branch: folded into the weight and bias, one
+multiply of a small tensor, no pass over the activations."""
 from typing import Optional, Tuple
 
 import torch
@@ -22,8 +15,7 @@ from moppa_mm.operators.tracing import is_capturing
 def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Tensor,
             shift: torch.Tensor, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
-    output channels ``[offset, offset + len(scale))``, the others unchanged
-    (a linear layer's weight (out, in), or a convolution's (out, in, kh, kw))."""
+    output channels ``[offset, offset + len(scale))`` (weight (out, in, ...))."""
     scale, shift = _full_width(scale, shift, offset, weight.shape[0])
     folded_weight = weight * scale.view(-1, *[1] * (weight.dim() - 1))  # (out, in, ...)
     return folded_weight, shift if bias is None else torch.addcmul(shift, bias, scale)
@@ -41,22 +33,18 @@ def _full_width(scale: torch.Tensor, shift: torch.Tensor, offset: int,
 
 class _LinearScaleShift(torch.autograd.Function):
     """``y = (a W^T + c) * scale + shift`` on output channels ``[offset,
-    offset + d)`` of a frozen linear layer: one matmul with the folded weight
-    and bias.
+    offset + d)`` of a frozen linear layer: one matmul, folded weight and bias.
 
     Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as autocast's
-    plain layer keeps its own, else rebuilt); ``grad shift = sum g`` and
-    ``grad scale = sum g x = sum g (y - r) / scale``, with ``r = c' - c scale``
-    the folded bias as the matmul added it, less the raw bias's part: ONE pass
-    over ``g`` and ``y``, which is what batch norm's backward reduction
-    computes per channel with ``mean = r`` and ``invstd = 1 / scale`` (float32
-    sums, low-precision inputs with float32 statistics as CUDA's AMP batch
-    norm takes them). No weight-gradient matmul (autograd's fold needs one),
-    no second activation: the matmul's 2-D output is kept, which the next
-    operation keeps anyway (fc1's GELU, attention's q, k, v). No floor on the
-    scale: ``y - r`` is exact where the two are close (Sterbenz), so each term
-    errs by at most its matmul part ``g (x - c)``: near 0 the gradient can
-    lose that part, never grow past it (at exactly 0 it is lost: 0, not NaN).
+    plain layer keeps its own, else rebuilt); ``grad shift = sum g``, ``grad
+    scale = sum g (y - r) / scale`` with ``r = c' - c scale`` (the folded bias
+    as the matmul added it, less the raw bias's part): ONE pass over ``g`` and
+    ``y``, batch norm's backward reduction with ``mean = r``, ``invstd = 1 /
+    scale`` (float32 sums; CUDA's AMP batch norm takes the dtypes). No
+    weight-gradient matmul, no activation the next operation does not keep
+    (fc1's GELU, attention's q, k, v keep ``y``). No floor on the scale: ``y -
+    r`` is exact where the two are close (Sterbenz), so near 0 the gradient
+    can lose its matmul part, never grow past it (at exactly 0: 0, not NaN).
     """
 
     @staticmethod
@@ -105,16 +93,9 @@ class _LinearScaleShift(torch.autograd.Function):
 
 
 class ScaleShift(nn.Module):
-    """``y = x * scale + shift`` over ``dims`` channels of a layer's output;
-    identity at init. The layer whose output it scales holds it (as
-    ``ssf_out``) and folds it into its weight and bias
-    (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`).
-
-    Args:
-        dims (int): Channels scaled and shifted.
-        offset (int): First output channel affected (e.g. ``2 * C`` for the
-            value part of a fused qkv projection).
-    """
+    """``y = x * scale + shift`` over ``dims`` output channels of a layer from
+    ``offset`` on (``2 * C``: a fused qkv's value), identity at init; held by
+    that layer as ``ssf_out``."""
 
     enabled = True
 
@@ -134,21 +115,18 @@ class ScaleShift(nn.Module):
 
 
 class ScaleShiftLayer:
-    """A layer (``nn.Linear`` / ``nn.Conv2d``) that folds the
-    :class:`ScaleShift` it holds (``ssf_out``) into its weight and bias.
-    :meth:`convert` makes one of a backbone's own layers, in place: its class
-    is swapped rather than the layer wrapped, because its weight and bias must
-    keep their state-dict keys (``layers.0.attn.qkv.weight``, the official
-    checkpoints')."""
+    """A layer that folds the :class:`ScaleShift` it holds (``ssf_out``) into
+    its weight and bias. :meth:`convert` makes one of a backbone's own layers,
+    in place: its class is swapped, not the layer wrapped, because its weight
+    and bias keep their state-dict keys (the official checkpoints')."""
 
     ssf_out: ScaleShift
     BASE: type  # the layer class converted
 
     @classmethod
     def convert(cls, layer: nn.Module, offset: int = 0) -> nn.Module:
-        """Make ``layer`` (an instance of this class's base, or of a subclass
-        such as mmcv's wrappers) run a scale & shift of its output channels
-        from ``offset`` on. Returns the layer."""
+        """Make ``layer`` (this class's base, or a subclass such as mmcv's
+        wrappers) scale & shift its output channels from ``offset`` on."""
         if not isinstance(layer, cls.BASE):
             raise TypeError(f'{cls.__name__} converts a {cls.BASE.__name__} layer, got '
                             f'{type(layer).__name__}')
@@ -158,19 +136,15 @@ class ScaleShiftLayer:
         return layer
 
     def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The weight and bias with the scale & shift folded in (the layer's
-        own where the adapters are switched off)."""
+        """The weight and bias, the scale & shift folded in where enabled."""
         ssf = self.ssf_out
         if not ssf.enabled:
             return self.weight, self.bias
         return _folded(self.weight, self.bias, ssf.scale, ssf.shift, ssf.offset)
 
     def merged_layer(self) -> nn.Module:
-        """The plain layer (``nn.Linear`` / ``nn.Conv2d``) computing the same
-        output with the scale & shift folded into new frozen weights:
-        ``W' = W * scale``, ``c' = c * scale + shift`` on the scaled output
-        channels. This layer's own tensors are left as they are (a base shared
-        with other models stays intact)."""
+        """A plain ``nn.Linear`` / ``nn.Conv2d`` with the folded weights as new
+        frozen tensors (a base shared with other models stays intact)."""
         plain = self._plain_layer()
         with torch.no_grad():
             weight, bias = self.folded()
@@ -182,12 +156,8 @@ class ScaleShiftLayer:
 
 class LinearScaleShift(ScaleShiftLayer, nn.Linear):
     """``nn.Linear`` with a :class:`ScaleShift` (``ssf_out``) on its output,
-    folded into the weight and bias: one matmul, no pass over the
-    activations. Frozen, with a backward to come, it runs
-    :class:`_LinearScaleShift` (no weight-gradient matmul, no second
-    activation kept, the scale & shift's gradients in one pass); otherwise
-    autograd differentiates it. Made from a backbone's layer by
-    :meth:`~ScaleShiftLayer.convert`."""
+    folded into its weight and bias; frozen, with a backward to come, through
+    :class:`_LinearScaleShift`, else through autograd."""
 
     BASE = nn.Linear
 
@@ -199,9 +169,8 @@ class LinearScaleShift(ScaleShiftLayer, nn.Linear):
         return F.linear(inputs, *self.folded())
 
     def _fused(self, inputs: torch.Tensor) -> bool:
-        """Whether :class:`_LinearScaleShift` runs: a backward will come, the
-        layer is frozen, and the forward is run, not captured (a graph
-        compiler or exporter gets the plain form)."""
+        """A backward will come, the layer is frozen, and the forward is run,
+        not captured (a graph compiler or exporter gets the plain form)."""
         ssf = self.ssf_out
         if not torch.is_grad_enabled() or is_capturing() or not (
                 inputs.requires_grad or ssf.scale.requires_grad or ssf.shift.requires_grad):
@@ -216,11 +185,9 @@ class LinearScaleShift(ScaleShiftLayer, nn.Linear):
 
 class Conv2dScaleShift(ScaleShiftLayer, nn.Conv2d):
     """``nn.Conv2d`` with a :class:`ScaleShift` (``ssf_out``) on its output
-    channels (the patch embedding's projection), folded into the weight and
-    bias. It computes in its weight's dtype, autocast or not: the scale's
-    gradient reads the convolution's input, which is then the images as they
-    come (float32) rather than a low-precision copy kept for backward. Made
-    from a backbone's layer by :meth:`~ScaleShiftLayer.convert`."""
+    channels (the patch embedding's), folded into its weight and bias. It
+    computes in its weight's dtype, autocast or not: its backward then keeps
+    the images as they come, not a low-precision copy."""
 
     BASE = nn.Conv2d
 
@@ -241,9 +208,8 @@ def scale_shift_projection(patch_embed: nn.Module) -> None:
 
 
 def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
-    """Scale & shift the value part of ``attn.qkv`` (a fused q, k, v
-    projection of ``3 * dims`` outputs), ``attn.proj`` and both layers of
-    ``ffn`` (mmcv's ``FFN``)."""
+    """Scale & shift the value part of ``attn.qkv`` (q, k, v of ``dims`` each),
+    ``attn.proj`` and both layers of ``ffn`` (mmcv's ``FFN``)."""
     LinearScaleShift.convert(attn.qkv, offset=2 * dims)  # v of the fused qkv
     LinearScaleShift.convert(attn.proj)
     attach_ffn_scale_shift(ffn)
