@@ -48,9 +48,7 @@ def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
 
 
 def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    if isinstance(size, int):
-        return size, size
-    size = tuple(size)
+    size = (size, size) if isinstance(size, int) else tuple(size)
     if len(size) != 2:
         raise ValueError(f'grid size must be an int or (H, W), got {size}')
     return int(size[0]), int(size[1])

@@ -1,5 +1,4 @@
 """The 3x3 convolution adapter that MoPPA puts before each Swin FFN (paper supp.)."""
-import functools
 from typing import Optional, Tuple
 
 import torch
@@ -41,18 +40,16 @@ class ConvAdapter(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.down.weight, a=5**0.5)
-        nn.init.zeros_(self.down.bias)
-        nn.init.kaiming_uniform_(self.conv.weight, a=5**0.5)
-        nn.init.zeros_(self.conv.bias)
+        for layer in (self.down, self.conv, self.up):  # kaiming weights, zero biases
+            layer.reset_parameters()
+            nn.init.zeros_(layer.bias)
         nn.init.zeros_(self.up.weight)
-        nn.init.zeros_(self.up.bias)
 
     def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """``x``: (B, H, W, C), or tokens (B, H*W, C) on the (H, W) ``grid``.
         Returns the same shape."""
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_wider(x.dtype, self.down.weight.dtype))
+            x = x.to(_promoted(x.dtype, self.down.weight.dtype))
             hidden = self.act(self.conv(self.down(_as_map(x, grid))))  # (B, r, H, W)
             return x + _as_layout_of(self.up(hidden), x)
 
@@ -97,11 +94,6 @@ def _as_layout_of(feature_map: torch.Tensor, like: torch.Tensor) -> torch.Tensor
         feature_map.stride(0), feature_map.stride(3), feature_map.stride(1)))
 
 
-def _wider(*dtypes: torch.dtype) -> torch.dtype:
-    """The dtype ``dtypes`` promote to."""
-    return functools.reduce(_promoted, dtypes)
-
-
 def _conv_backward(grad, inputs, weight, padding, needs):
     """``convolution_backward`` of a stride-1 ``conv2d``: the gradients of its
     input, weight and bias (those ``needs`` asks for) in one call."""
@@ -122,7 +114,7 @@ class _ConvAdapterFunction(torch.autograd.Function):
     def forward(ctx, x, grid, norm_input, norm, down_w, down_b, conv_w, conv_b, up_w, up_b):
         ctx.norm, ctx.grid, ctx.input_dtype = norm, grid, x.dtype
         with torch.autocast(x.device.type, enabled=False):
-            x = x.to(_wider(x.dtype, down_w.dtype))
+            x = x.to(_promoted(x.dtype, down_w.dtype))
             hidden = F.conv2d(_as_map(x, grid), down_w, down_b)  # (B, r, H, W)
             pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)
             up = _as_layout_of(F.conv2d(F.gelu(pre_act), up_w, up_b), x)  # x's shape

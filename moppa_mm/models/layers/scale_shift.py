@@ -23,8 +23,7 @@ def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Ten
 
 def _full_width(scale: torch.Tensor, shift: torch.Tensor, offset: int,
                 out_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``scale`` and ``shift`` over all output channels: 1 and 0 outside
-    ``[offset, offset + len(scale))``."""
+    """``scale`` and ``shift`` over all output channels: 1 and 0 elsewhere."""
     if (offset, scale.numel()) == (0, out_features):
         return scale, shift
     pad = (offset, out_features - offset - scale.numel())
@@ -169,10 +168,10 @@ class LinearScaleShift(ScaleShiftLayer, nn.Linear):
         return F.linear(inputs, *self.folded())
 
     def _fused(self, inputs: torch.Tensor) -> bool:
-        """A backward will come, the layer is frozen, and the forward is run,
-        not captured (a graph compiler or exporter gets the plain form)."""
+        """A backward will come, the layer is frozen, and no exporter records
+        the forward (one gets the plain form; a compiler traces the function)."""
         ssf = self.ssf_out
-        if not torch.is_grad_enabled() or is_capturing() or not (
+        if not torch.is_grad_enabled() or is_capturing(compilers=False) or not (
                 inputs.requires_grad or ssf.scale.requires_grad or ssf.shift.requires_grad):
             return False
         return not self.weight.requires_grad and (
