@@ -350,3 +350,30 @@ def test_units_built_together_equal_each_built_alone(options, grid):
         flat = [p.detach().clone().requires_grad_(True) for unit in units[:3]
                 for p in unit.parameters()]
         assert torch.autograd.gradcheck(build, flat)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_spectrum_recomputed_from_the_norm_input_in_mixed_precision(dtype):
+    """Under autocast, a unit on ``norm(norm_input)`` handed the norm keeps no
+    spectrum for its backward (one activation less; the norm keeps its input
+    anyway), recomputes it, and gives the same gradients as keeping it."""
+    torch.manual_seed(0)
+    unit, norm = make_unit(4, 4, 16, 2).float(), torch.nn.LayerNorm(16)
+    source = torch.randn(3, 1 + 16, 16)
+    grad = torch.randn(3, 1 + 16, 16)
+    results = []
+    for recompute in (True, False):
+        unit.zero_grad()
+        src = source.clone().requires_grad_(True)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            with torch.autocast('cpu', dtype=dtype):
+                x = norm(src)
+                out = unit(x, (4, 4), 1, None, *((src, norm) if recompute else ()))
+        out.backward(grad.to(out.dtype))
+        spectra = [t for t in saved if t.shape == out.shape and t.dtype == dtype]
+        assert len(spectra) == (0 if recompute else 1)
+        results.append([src.grad] + [p.grad for p in unit.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)

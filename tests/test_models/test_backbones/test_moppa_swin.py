@@ -303,3 +303,43 @@ def test_adapters_of_another_model_are_named_as_such():
     _, moppa = plain_and_moppa()
     with pytest.raises(PretrainedMismatchError, match='none of this model.*another model'):
         moppa.load_state_dict(vit_adapters, strict=False)
+
+
+@pytest.mark.parametrize('scope', ['window', 'global'])
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_each_stage_builds_its_units_filters_once_per_forward(scope, with_cp, monkeypatch):
+    """A training forward builds the filters and fields of a stage's units in
+    one stacked set of operations (one build per stage), and gives the outputs
+    and gradients that each unit building its own gives; checkpointed blocks
+    too, whose recompute in backward builds each unit's own."""
+    from moppa_mm.models.backbones import swin_adapters
+    from moppa_mm.operators import MoPPAUnit
+    torch.manual_seed(0)
+    model = MoPPASwinTransformer(**TINY, moppa_scope=scope, with_cp=with_cp,
+                                 drop_path_rate=0.0, random_base=True)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn_like(param))
+    builds = []
+    build = MoPPAUnit.filter_and_field
+    monkeypatch.setattr(MoPPAUnit, 'filter_and_field',
+                        lambda unit, *a, **k: builds.append(unit) or build(unit, *a, **k))
+    x = torch.randn(1, 3, 64, 96, requires_grad=True)
+    results = []
+    for shared in (True, False):
+        if not shared:  # every unit its own filter and field
+            monkeypatch.setattr(swin_adapters, 'shared_unit_terms', lambda *args: None)
+        model.zero_grad()
+        builds.clear()
+        outs = model(x)
+        if shared and not with_cp:
+            assert len(builds) == len(model.stages)  # one stacked build per stage
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
+        results.append((outs, {n: p.grad.clone() for n, p in model.named_parameters()
+                               if p.requires_grad}))
+    (outs, grads), (own_outs, own_grads) = results
+    for out, own in zip(outs, own_outs):
+        torch.testing.assert_close(out, own)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, own_grads[name], msg=name)

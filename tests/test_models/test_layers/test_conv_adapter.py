@@ -157,3 +157,27 @@ def test_forward_after_norm_only_recomputes_a_plain_layer_norm():
     out = adapter.forward_after_norm(norm(src), src, norm)
     assert '_ConvAdapterFunction' not in out.grad_fn.name()
     torch.testing.assert_close(out, adapter(norm(src)))
+
+
+def test_tokens_on_a_grid_are_the_map():
+    """(B, H*W, C) tokens with their (H, W) grid give what the (B, H, W, C)
+    map gives, lean and plain, values and every gradient."""
+    adapter, norm = _adapter_and_norm(channels=8, hidden=3)
+    source = torch.randn(2, 5, 6, 8)
+    grad = torch.randn(2, 5, 6, 8)
+    results = []
+    for tokens in (False, True):
+        for lean in (True, False):
+            adapter.zero_grad()
+            src = source.clone().requires_grad_(True)
+            x = norm(src)
+            args = (x.view(2, 30, 8), (5, 6)) if tokens else (x, None)
+            out = adapter.forward_after_norm(args[0], src, norm, args[1]) if lean else \
+                adapter(*args)
+            assert out.shape == args[0].shape
+            out.backward(grad.view(out.shape))
+            results.append([out.reshape(2, 5, 6, 8), src.grad] +
+                           [p.grad.clone() for p in adapter.parameters()])
+    for result in results[1:]:
+        for got, want in zip(result, results[0]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

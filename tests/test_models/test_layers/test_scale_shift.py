@@ -232,3 +232,26 @@ def test_converted_layers_keep_their_parameters_and_show_their_scale_shift():
         torch.testing.assert_close(projection(x), plain)
     with pytest.raises(TypeError, match='LinearScaleShift converts a Linear layer, got Conv2d'):
         LinearScaleShift.convert(nn.Conv2d(3, 4, 1))
+
+
+def test_the_patch_embedding_keeps_the_images_not_a_copy_under_autocast():
+    """The scaled convolution computes in its weight's dtype under autocast:
+    float32 output, and its backward keeps the images themselves (no
+    low-precision copy of the input); eager float32's gradients."""
+    torch.manual_seed(0)
+    conv = Conv2dScaleShift.convert(nn.Conv2d(3, 8, 4, stride=4).requires_grad_(False))
+    with torch.no_grad():
+        conv.ssf_out.scale.uniform_(0.5, 1.5)
+    images = torch.randn(2, 3, 16, 16)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = conv(images)
+    assert out.dtype == torch.float32
+    kept = [t for t in saved if t.shape == images.shape]
+    assert len(kept) == 1 and kept[0] is images
+    out.square().sum().backward()
+    grad = conv.ssf_out.scale.grad.clone()
+    conv.ssf_out.scale.grad = None
+    conv(images).square().sum().backward()
+    torch.testing.assert_close(grad, conv.ssf_out.scale.grad)
