@@ -460,6 +460,7 @@ class _KronFilter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, spectral_filter, field, basis, inverse_basis, norm_input, norm):
         ctx.input_dtype, ctx.norm = x.dtype, norm
+        spectral_filter, field = spectral_filter.to(basis.dtype), field.to(basis.dtype)
         with torch.autocast(x.device.type, enabled=False):
             spectrum = torch.bmm(basis, x.to(basis.dtype))  # (N, T, C)
             out = torch.bmm(inverse_basis, torch.addcmul(field, spectrum, spectral_filter))
