@@ -193,7 +193,7 @@ def build_backbone(spec: dict, s: dict, vit_state: dict) -> nn.Module:
     if spec['wave_init'] is not None:
         with torch.no_grad():
             for unit in moppa_units(backbone):
-                unit.wave_coef.uniform_(0, spec['wave_init'])
+                unit.expert_maps('wave')[0].uniform_(0, spec['wave_init'])
     return backbone
 
 
@@ -282,13 +282,16 @@ def at_init(spec: dict, s: dict, state: dict, source_val, reference) -> Dict[str
     return dict(source_acc=accuracy, drift=100.0 * drift)
 
 
-def _physical(unit: nn.Module, name: str) -> torch.Tensor:
-    """A heat or time parameter of ``unit`` as its filter uses it (softplus
-    applied under ``heat_param='softplus'``; a shared ``t`` for wave)."""
-    if name == 'wave_time' and hasattr(unit, 'wave_time'):
-        return unit.wave_time  # wave's own t is never softplus'd
-    raw = getattr(unit, 'heat_time' if name == 'wave_time' else name)
-    return F.softplus(raw) if unit.heat_param == 'softplus' else raw
+def _physical(unit: nn.Module, expert: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Heat's (k, t) or wave's (c, t) of ``unit`` as its filter uses them
+    (softplus applied to heat's under ``heat_param='softplus'``, and to a ``t``
+    wave shares with heat)."""
+    frequency, time = unit.expert_maps(expert)
+    shared = expert == 'wave' and unit.share_time and 'heat' in unit.experts
+    if unit.heat_param == 'softplus':
+        frequency = F.softplus(frequency) if expert == 'heat' else frequency
+        time = F.softplus(time) if expert == 'heat' or shared else time
+    return frequency, time
 
 
 def unit_snapshot(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -299,12 +302,11 @@ def unit_snapshot(model: nn.Module) -> Dict[str, torch.Tensor]:
         h, w = unit.grid_size
         dc = torch.zeros(h, w, dtype=torch.bool)
         dc[0, 0] = True
-        if 'heat' in unit.experts:
-            out.setdefault('k', []).append(_physical(unit, 'heat_coef')[~dc].detach().flatten())
-            out.setdefault('t_heat', []).append(_physical(unit, 'heat_time').detach().flatten())
-        if 'wave' in unit.experts:
-            out.setdefault('c', []).append(unit.wave_coef[~dc].detach().flatten())
-            out.setdefault('t_wave', []).append(_physical(unit, 'wave_time').detach().flatten())
+        for expert, coef in (('heat', 'k'), ('wave', 'c')):
+            if expert in unit.experts:
+                frequency, time = _physical(unit, expert)
+                out.setdefault(coef, []).append(frequency[~dc].detach().flatten())
+                out.setdefault(f't_{expert}', []).append(time.detach().flatten())
         if unit.init_mode == 'identity':
             out.setdefault('gate', []).append(unit.gate.detach().flatten())
     return {k: torch.cat(v).clone() for k, v in out.items()}
@@ -320,9 +322,9 @@ def heat_sharpening(model: nn.Module) -> Optional[Dict[str, float]]:
         if 'heat' not in unit.experts:
             continue
         h, w = unit.grid_size
-        k = _physical(unit, 'heat_coef').detach()[..., None]  # (H, W, N, 1)
+        k, t = (p.detach() for p in _physical(unit, 'heat'))
         omega_sq, _ = dct_frequencies(h, w, k.device, k.dtype)  # (H, W)
-        exponent = k * _physical(unit, 'heat_time').detach() * omega_sq[:, :, None, None]
+        exponent = k[..., None] * t * omega_sq[:, :, None, None]  # (H, W, N, C/N)
         dc = torch.zeros(h, w, dtype=torch.bool)
         dc[0, 0] = True
         kept = exponent[~dc]  # (H W - 1, N, C/N)

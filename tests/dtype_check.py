@@ -18,7 +18,12 @@ did). :func:`cuda_dtype_rules` runs a block under a
   autocast). Under autocast a mix is no fault: CPU autocast leaves
   ``layer_norm`` in its input's dtype with float32 weights (CPU accepts it),
   CUDA autocast runs it in float32. Their backward kernels mirror the forward
-  and are not checked.
+  and are not checked;
+- batch norm's backward (the scale & shift gradients' reduction), anywhere:
+  CUDA takes the gradient and the input in one dtype, the saved mean and
+  inverse std in its accumulation dtype (float32 for bfloat16, float16 and
+  float32 inputs), and a weight in the input's dtype or that one; CPU's
+  kernel takes more mixes.
 
 Inside ``__torch_dispatch__`` torch has excluded every dispatch key above the
 Python one, autocast's too (``torch.is_autocast_enabled`` reads False there
@@ -61,6 +66,24 @@ LEADING_OPERANDS = {aten._scaled_dot_product_flash_attention_for_cpu: 3,
                     aten._scaled_dot_product_flash_attention_for_cpu_backward: 5}
 # ... and here where autocast is off (CUDA autocast runs them in float32)
 NORMS = frozenset((aten.native_layer_norm, aten.native_group_norm))
+# CUDA's accumulation dtype of a floating input (at::acc_type<scalar_t, is_cuda=true>)
+CUDA_ACCUMULATION = {torch.bfloat16: torch.float32, torch.float16: torch.float32,
+                     torch.float32: torch.float32, torch.float64: torch.float64}
+
+
+def batch_norm_backward_fault(args) -> Optional[str]:
+    """What CUDA's ``native_batch_norm_backward`` would refuse in ``args``
+    (grad, input, weight, running mean and var, save mean and invstd, ...)."""
+    grad, inputs, weight, _, _, save_mean, save_invstd = args[:7]
+    if grad.dtype != inputs.dtype:
+        return f'the gradient is {grad.dtype} and the input {inputs.dtype}'
+    accumulation = CUDA_ACCUMULATION[inputs.dtype]
+    for name, stat in (('save_mean', save_mean), ('save_invstd', save_invstd)):
+        if stat is not None and stat.numel() and stat.dtype != accumulation:
+            return f'{name} is {stat.dtype}, CUDA reads it as {accumulation}'
+    if weight is not None and weight.dtype not in (inputs.dtype, accumulation):
+        return f'the weight is {weight.dtype} for a {inputs.dtype} input'
+    return None
 
 
 class MixedDtypeError(AssertionError):
@@ -151,6 +174,11 @@ class CudaDtypeRules(TorchDispatchMode):
                 self.seen['mixed norms under autocast'] += 1
                 return None
             why = 'autocast is off here, and CUDA refuses a norm with mixed dtypes'
+        elif packet is aten.native_batch_norm_backward:
+            why = batch_norm_backward_fault(args)
+            if why is None:
+                return None
+            dtypes = floating_dtypes(args, kwargs)
         else:
             return None
         shapes = [tuple(a.shape) for a in tree_flatten((args, kwargs or {}))[0]

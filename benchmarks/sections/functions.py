@@ -41,26 +41,24 @@ def _linear_scale_shift(in_features: int, out_features: int, then: Callable):
     (8, 197, in) tokens, and what reads its output (``then``)."""
 
     def build(device, quick):
-        from moppa_mm.models.layers import ScaleShift
-        from moppa_mm.models.layers.scale_shift import _folded, _LinearScaleShift
+        from moppa_mm.models.layers.scale_shift import LinearScaleShift, _folded
         (b, n), fin, fout = ((2, 5), 16, 4 * 16 if out_features > in_features else 16) \
             if quick else ((8, 197), in_features, out_features)
         linear = nn.Linear(fin, fout).to(device).requires_grad_(False)
-        ssf = ScaleShift(fout).to(device)
+        ssf = LinearScaleShift.convert(linear).ssf_out
         with torch.no_grad():  # away from the identity, as after some training
             ssf.scale.uniform_(0.5, 1.5)
             ssf.shift.normal_(0, 0.1)
         x = torch.randn(b, n, fin, device=device, requires_grad=True)
 
         def function():
-            return then(_LinearScaleShift.apply(x, linear.weight, linear.bias, ssf.scale,
-                                                ssf.shift, 0))
+            return then(linear(x))
 
         def plain():  # autograd's fold: a weight-gradient matmul, the input kept
             folded = _folded(linear.weight, linear.bias, ssf.scale, ssf.shift, 0)
             return then(F.linear(x, *folded))
 
-        return nn.ModuleList([linear, ssf]), dict(function=function, plain=plain), x
+        return linear, dict(function=function, plain=plain), x
 
     return build
 

@@ -60,7 +60,7 @@ def mac_floor(model: nn.Module, shape) -> float:
             if hasattr(block, 'conv_adapter'):
                 hidden = block.conv_adapter.hidden_dims
                 adapters += tokens * 3 * (2 * dims * hidden + 9 * hidden**2)
-            if hasattr(block, 'moppa'):
+            if hasattr(block, 'moppa') or hasattr(block.attn.w_msa, 'moppa'):
                 adapters += tokens * 2 * 2 * window * dims  # Kronecker DCT and inverse
         height, width = -(-height // 2), -(-width // 2)  # patch merging
     return adapters / base

@@ -28,7 +28,7 @@ def run(device: torch.device, quick: bool) -> SectionResult:
 
     times = {}
     for enabled in (False, True):
-        for adapter in (block.moppa, block.conv_adapter):
+        for adapter in (block.attn.w_msa.moppa, block.conv_adapter):
             adapter.enabled = enabled
             adapter.requires_grad_(enabled)
         times[enabled] = op_times(step, device)

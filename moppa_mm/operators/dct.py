@@ -2,22 +2,18 @@
 
 The transform is separable, ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
 orthonormal DCT-II matrix, and the inverse is its transpose. On tokens
-``(B, H*W, C)`` (a grid flattened row-major, as transformers hold it) it runs
-as batched matmuls without any permute (``bmm``: one kernel each, where
-``matmul`` on N-D tensors adds views and expands), in one of two ways:
+``(B, H*W, C)`` (a grid flattened row-major) it runs as ``bmm`` (one kernel,
+no permute) with a basis expanded to the batch, in one of two ways:
 
 - ``'kron'``: ONE matmul with the Kronecker basis ``C_H (x) C_W`` (HW, HW):
-  ``HW / (H + W)`` times the multiply-adds of the separable form, but one
-  pass over the tensor instead of two. Leading extra tokens (a ViT's class
-  token) pass through an identity block of the basis: no split, no join;
+  more multiply-adds than the separable form, one pass over the tensor instead
+  of two; leading extra tokens (a class token) pass through an identity block;
 - ``'separable'``: two matmuls, along H then along W.
 
 ``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens,
-as measured (benchmarks/run.py, section ``dct``): on CPU (2 cores) it is
-1.2-1.7x faster at 7x7 and 8x8 and slower from 10x10 on; on CUDA (an H100)
-faster up to 14x14, a ViT-B/16's grid at 224 px. Device types not measured
-take the CPU's table. Bases and frequency grids are cached per (size, device,
-dtype), except what a graph capture builds (:func:`_cached`).
+where it was measured faster (docs/performance.md); unmeasured device types
+take the CPU's. Bases are cached per (size, device, dtype), except what a graph
+capture builds (:func:`_cached`).
 """
 import math
 from typing import Dict, Tuple, Union
@@ -33,6 +29,8 @@ KRON_MAX_TOKENS = {'cpu': 64, 'cuda': 196}
 _BASES: Dict[tuple, torch.Tensor] = {}
 _KRON: Dict[tuple, torch.Tensor] = {}
 _FREQS: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
+_EXPANDED: Dict[tuple, torch.Tensor] = {}  # bases expanded to a batch (views)
+EXPANDED_MAX = 64  # batch sizes kept (window counts vary with the image size)
 
 
 def _cached(cache: dict, key: tuple, build):
@@ -110,9 +108,21 @@ def matmul_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if autocast else x.dtype
 
 
-def _batched(basis: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``basis @ x[i]`` for each i of ``x`` (N, n, m): one ``bmm``."""
-    return torch.bmm(basis.expand(x.shape[0], -1, -1), x)
+def _expanded(basis: torch.Tensor, batch: int, key: tuple) -> torch.Tensor:
+    """``basis`` expanded to (batch, n, n): a view, cached under the basis'
+    ``key`` and the batch size."""
+    if is_capturing():  # the batch may be symbolic: no lookup that would fix it
+        return basis.expand(batch, -1, -1)
+    if len(_EXPANDED) > EXPANDED_MAX:
+        _EXPANDED.clear()
+    return _cached(_EXPANDED, key + (batch, ), lambda: basis.expand(batch, -1, -1))
+
+
+def expanded_kron_basis(h: int, w: int, inverse: bool, device, dtype, extra: int,
+                        batch: int) -> torch.Tensor:
+    """:func:`kron_basis` expanded to (batch, T, T): the operand of one ``bmm``."""
+    return _expanded(kron_basis(h, w, inverse, device, dtype, extra), batch,
+                     ('kron', h, w, inverse, extra, torch.device(device), dtype))
 
 
 def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
@@ -130,17 +140,19 @@ def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
         raise ValueError(f'expected (B, {extra} + {h}*{w}, C) tokens, got {tuple(x.shape)}')
     device, dtype = x.device, matmul_dtype(x)
     if dct_method(h, w, device, method) == 'kron':
-        return _batched(kron_basis(h, w, inverse, device, dtype, extra), x)
+        return torch.bmm(expanded_kron_basis(h, w, inverse, device, dtype, extra, batch), x)
     if extra:
         raise ValueError('the separable DCT takes the grid tokens alone (extra=0)')
     basis_h = dct_basis(h, device, dtype, inverse)
     basis_w = dct_basis(w, device, dtype, inverse)
 
     def along_h(t):  # (B, H, W*C): mixes rows
-        return _batched(basis_h, t.reshape(batch, h, w * channels))
+        return torch.bmm(_expanded(basis_h, batch, (h, inverse, device, dtype)),
+                         t.reshape(batch, h, w * channels))
 
     def along_w(t):  # (B*H, W, C): mixes columns
-        return _batched(basis_w, t.reshape(batch * h, w, channels))
+        return torch.bmm(_expanded(basis_w, batch * h, (w, inverse, device, dtype)),
+                         t.reshape(batch * h, w, channels))
 
     out = along_h(along_w(x)) if inverse else along_w(along_h(x))
     return out.view(batch, tokens, channels)

@@ -10,38 +10,35 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
-Two options depart from the paper (the defaults, here and in the MoPPA
-backbones, are the paper's): ``heat_param='softplus'`` keeps ``k, t >= 0``, so
-heat only damps (with the paper's ``'raw'``, ``k t < 0`` amplifies high
-frequencies: on real images about 40% of ``k t`` go negative, and raw
-transfers better, docs/accuracy.md); ``init_mode='identity'`` adds a zero gate
-that makes the unit the identity at init (its other parameters then start
-with zero gradient and learn little). :class:`MoPPAUnit`'s Args say more.
-
 Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
-filter multiply and ONE additive field in the DCT domain. They do not depend on
+filter multiply and ONE additive field in the DCT domain, which do not depend on
 ``X``: in eval mode they are built once and reused until a parameter changes
-(an in-place update, a load, ``.to()``, a switch of mode;
-:meth:`MoPPAUnit.clear_cache` for anything else, e.g. assigning ``param.data``);
-a graph capture gets the plain computation, no cache.
+(:meth:`MoPPAUnit.clear_cache` after assigning ``param.data``). Two options
+depart from the paper, whose forms are the defaults (:class:`MoPPAUnit`'s Args):
+``heat_param='softplus'`` and ``init_mode='identity'``.
 """
+import contextlib
+import functools
+from contextvars import ContextVar
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.logging import print_log
+from torch.autograd.function import once_differentiable
 
 from moppa_mm.utils.errors import InputValueError
 
-from .dct import _cached, dct_frequencies, dct_method, dct_tokens, matmul_dtype
+from .dct import (_cached, dct_frequencies, dct_method, dct_tokens, expanded_kron_basis,
+                  matmul_dtype)
 from .tracing import is_capturing
 
 EXPERTS = ('heat', 'wave', 'poisson')
 INIT_MODES = ('paper', 'identity')
 HEAT_PARAMS = ('raw', 'softplus')
 RESIZE_MODES = ('bicubic', 'bilinear', 'nearest')
-FREQ_PARAMS = ('heat_coef', 'wave_coef', 'source_freq')  # (Hr, Wr, N) each
+FREQ_PARAMS = ('frequency_maps', )  # indexed by frequency: resized to another grid on load
 
 
 def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
@@ -51,25 +48,32 @@ def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
 
 
 def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    if isinstance(size, int):
-        return size, size
-    size = tuple(size)
+    size = (size, size) if isinstance(size, int) else tuple(size)
     if len(size) != 2:
         raise ValueError(f'grid size must be an int or (H, W), got {size}')
     return int(size[0]), int(size[1])
 
 
-_TERMS: Dict[tuple, Tuple[torch.Tensor, ...]] = {}
+_FACTORS: Dict[tuple, torch.Tensor] = {}
 
 
-def _frequency_terms(h: int, w: int, eta: float, device, dtype) -> Tuple[torch.Tensor, ...]:
-    """``-w^2``, ``|w|`` and ``1 / (w^2 + eta)``, each (H, W, 1), cached."""
+def _expert_factors(experts: Tuple[str, ...], h: int, w: int, eta: float, device,
+                    dtype) -> torch.Tensor:
+    """The experts' frequency factors (E, H, W, 1), cached: ``-w^2``, ``|w|``,
+    ``1 / (w^2 + eta)``."""
 
     def build():
         omega_sq, omega_abs = dct_frequencies(h, w, device, torch.float64)
-        return tuple(t[..., None].to(dtype) for t in (-omega_sq, omega_abs, 1 / (omega_sq + eta)))
+        factor = dict(heat=-omega_sq, wave=omega_abs, poisson=1 / (omega_sq + eta))
+        return torch.stack([factor[e] for e in experts])[..., None].to(dtype)
 
-    return _cached(_TERMS, (h, w, eta, torch.device(device), dtype), build)
+    return _cached(_FACTORS, (experts, h, w, eta, torch.device(device), dtype), build)
+
+
+def _softplus_rows(rows: int, trailing: int, device) -> torch.Tensor:
+    """True at heat's row (the first) of ``rows``, (rows, 1...), cached."""
+    return _cached(_FACTORS, ('softplus', rows, trailing, torch.device(device)),
+                   lambda: (torch.arange(rows, device=device) == 0).view(-1, *[1] * trailing))
 
 
 def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
@@ -80,13 +84,9 @@ def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
 
 def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
                          mode: str = 'bicubic') -> torch.Tensor:
-    """Resample a frequency-indexed map (N, Hr, Wr) to the grid (N, H, W).
-
-    Frequencies are matched exactly: runtime index ``n`` (frequency ``pi n / H``)
-    reads reference position ``n * Hr / H`` (frequency ``pi n / H`` too), so the
-    DC term maps to the DC term. Positions past the last reference frequency
-    repeat the border.
-    """
+    """Resample a frequency-indexed map (N, Hr, Wr) to the grid (N, H, W),
+    frequency-exact: index ``n`` (frequency ``pi n / H``) reads reference
+    position ``n * Hr / H`` (the same frequency; DC to DC), the border beyond."""
     ref_h, ref_w = param.shape[-2:]
     h, w = size
     if (h, w) == (ref_h, ref_w):
@@ -129,45 +129,42 @@ def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
 class MoPPAUnit(nn.Module):
     """Mixture of Physical Priors unit on a channel-last token grid.
 
+    Parameters, a row per expert in use (heat, wave, Poisson order):
+    ``frequency_maps`` (E, Hr, Wr, N): k, c, H1 per frequency and head;
+    ``channel_maps`` (E, C/N): t_h, t_w (none with ``share_time``), H2 per
+    channel in a head; ``route_logits`` (E, ); ``gate`` (C/N, ) with
+    ``init_mode='identity'``. :meth:`expert_maps` names the rows.
+
     Args:
         embed_dims (int): Channels ``C`` of the input.
         num_heads (int): MoPPA heads ``N``; ``C`` must divide by it.
-        grid_size (int | tuple[int, int]): Reference grid (Hr, Wr) on which the
-            frequency-indexed parameters k, c, H1 live (``L = Hr * Wr``). Other
-            grids at run time are served by resizing them (``resize_mode``).
+        grid_size (int | tuple[int, int]): Reference grid (Hr, Wr) of the
+            frequency maps (``L = Hr * Wr``); other grids resize them.
         eta (float): Stabiliser of the Poisson division. Defaults to 1e-3 (paper).
-        share_time (bool): If True, Heat and Wave share one learnable ``t`` per
-            channel; by default each has its own (the paper says "learnable t
-            values for Heat and Wave", which reads either way). Defaults to False.
-        coef_init (float): k and c start uniform in ``[0, coef_init)``, so both
-            filters start near 1. They must not start at exactly 0: the wave
-            filter ``cos(c |w| t)`` has zero gradient in c and t at c = 0.
-            Defaults to 1e-2.
+        share_time (bool): Heat and wave share one ``t`` per channel (the
+            paper's "learnable t values for Heat and Wave" reads either way).
+            Defaults to False.
+        coef_init (float): k and c start uniform in ``[0, coef_init)``: both
+            filters near 1, never exactly at c = 0, where ``cos(c |w| t)`` has
+            no gradient in c and t. Defaults to 1e-2.
         time_init (float): Initial ``t``. Defaults to 1.0.
-        source_init_std (float): The Poisson factors H1 and H2 start normal with
-            this std (the paper's "randomly initialized" source, kept small so
-            the field starts near 0). Defaults to 1e-2.
-        resize_mode (str): Interpolation of k, c, H1 to another grid:
-            'bicubic' (default, as vHeat), 'bilinear' or 'nearest'.
-        experts (sequence of str): The priors in use, a subset of
-            ('heat', 'wave', 'poisson'), for ablations (paper Table 4). The
-            router spans only the experts in use. Defaults to all three.
-        init_mode (str): 'paper' (default): Eq. 11 as written; with the
-            uniform router it multiplies its input by about 2/3 at init.
-            'identity': adds ``gate`` (C/N values, shared across heads, like
-            ``t``), zero at init, and returns ``X + gate * (Y_Eq11 - X)``.
-            The output then equals the input at init; the gate gets a gradient
-            at once and every other parameter as soon as the gate leaves 0 (as
-            LoRA's zero-initialised B). ``gate = 1`` is exactly Eq. 11; the
-            gate adds ``C/N`` parameters per unit.
-        heat_param (str): How ``heat_coef`` and ``heat_time`` hold k and t.
-            'raw' (default, the paper's): as they are; a negative ``k t``
-            makes heat amplify high frequencies as ``exp(|k t| w^2)``.
-            'softplus': they hold ``softplus^-1`` of k and t, so k, t >= 0 and
-            heat only damps (between grid points too, where bicubic resizing
-            of k could overshoot below 0); a shared t (``share_time``) goes
-            through softplus for wave too (even in t). A checkpoint loads
-            with the ``heat_param`` it was trained with (the record says it).
+        source_init_std (float): H1 and H2 start normal with this std (the
+            paper's "randomly initialized" source, small: the field starts
+            near 0). Defaults to 1e-2.
+        resize_mode (str): 'bicubic' (default, as vHeat), 'bilinear' or
+            'nearest', the resizing of the frequency maps.
+        experts (sequence of str): The priors in use, of ('heat', 'wave',
+            'poisson') (paper Table 4); the router spans them. Defaults to all.
+        init_mode (str): 'paper' (default): Eq. 11 (about 2/3 X at init, the
+            router uniform). 'identity': ``X + gate * (Y_Eq11 - X)`` with a
+            zero gate: the identity at init, the other parameters learning as
+            soon as the gate leaves 0 (as LoRA's zero B); ``gate = 1`` is Eq. 11.
+        heat_param (str): 'raw' (default, the paper's): heat's rows hold k and
+            t; ``k t < 0`` amplifies high frequencies as ``exp(|k t| w^2)``.
+            'softplus': they hold ``softplus^-1`` of k and t, so heat only
+            damps (between grid points too; a ``t`` wave shares goes through
+            softplus for wave too). A checkpoint loads with the one it was
+            trained with (its record says it).
     """
 
     def __init__(self, embed_dims: int, num_heads: int, grid_size: Union[int, Sequence[int]],
@@ -185,34 +182,23 @@ class MoPPAUnit(nn.Module):
                              f'num_heads ({num_heads})')
         check_unit_options(eta=eta, resize_mode=resize_mode, experts=experts,
                            init_mode=init_mode, heat_param=heat_param)
-        self.embed_dims = embed_dims
-        self.num_heads = num_heads
-        self.head_dims = embed_dims // num_heads
+        self.embed_dims, self.num_heads, self.head_dims = embed_dims, num_heads, \
+            embed_dims // num_heads
         self.grid_size = _check_grid(_pair(grid_size), 'grid_size')
-        self.eta = eta
-        self.share_time = share_time
-        self.coef_init = coef_init
-        self.time_init = time_init
-        self.source_init_std = source_init_std
-        self.resize_mode = resize_mode
+        self.eta, self.share_time, self.resize_mode = eta, share_time, resize_mode
+        self.coef_init, self.time_init, self.source_init_std = coef_init, time_init, \
+            source_init_std
         self.experts = tuple(e for e in EXPERTS if e in experts)
-        self.init_mode = init_mode
-        self.heat_param = heat_param
+        self.init_mode, self.heat_param = init_mode, heat_param
 
-        # frequency x head, stored in the layout the filter uses: no permute per
-        # forward, and gradients keep the parameters' strides (DDP buckets)
-        freq_shape = (*self.grid_size, num_heads)  # (Hr, Wr, N)
-        if 'heat' in self.experts:
-            self.heat_coef = nn.Parameter(torch.empty(freq_shape))  # k
-            self.heat_time = nn.Parameter(torch.empty(self.head_dims))  # t
-        if 'wave' in self.experts:
-            self.wave_coef = nn.Parameter(torch.empty(freq_shape))  # c
-            if not (share_time and 'heat' in self.experts):
-                self.wave_time = nn.Parameter(torch.empty(self.head_dims))
-        if 'poisson' in self.experts:
-            self.source_freq = nn.Parameter(torch.empty(freq_shape))  # H1
-            self.source_channel = nn.Parameter(torch.empty(self.head_dims))  # H2
-        self.route_logits = nn.Parameter(torch.zeros(len(self.experts)))  # lambda
+        # one row per expert; frequency x head in the layout the filter uses (no
+        # permute per forward; gradients keep the parameters' strides: DDP buckets)
+        experts = len(self.experts)
+        self.frequency_maps = nn.Parameter(torch.empty(experts, *self.grid_size, num_heads))
+        shared = share_time and {'heat', 'wave'} <= set(self.experts)
+        self.channel_rows = tuple(row - (shared and row > 0) for row in range(experts))
+        self.channel_maps = nn.Parameter(torch.empty(experts - shared, self.head_dims))
+        self.route_logits = nn.Parameter(torch.zeros(experts))  # lambda
         if init_mode == 'identity':  # blends X and Eq. 11, per channel in a head
             self.gate = nn.Parameter(torch.empty(self.head_dims))
 
@@ -220,113 +206,108 @@ class MoPPAUnit(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Filters near 1, a small random source, a uniform router, and (with
-        ``init_mode='identity'``) a zero gate. With ``heat_param='softplus'``
-        the stored heat parameters are the softplus inverses of the same k, t
-        (k drawn at least ``1e-4 coef_init`` so its inverse stays finite)."""
+        """Filters near 1, a small random source, a uniform router, a zero gate;
+        with 'softplus', heat's rows hold the inverses of the same k (at least
+        ``1e-4 coef_init``: a finite inverse) and t."""
         with torch.no_grad():
-            for name in ('heat_coef', 'wave_coef'):
-                if hasattr(self, name):
-                    getattr(self, name).uniform_(0, self.coef_init)
-            for name in ('heat_time', 'wave_time'):
-                if hasattr(self, name):
-                    getattr(self, name).fill_(self.time_init)
+            for expert, frequency, row in zip(self.experts, self.frequency_maps,
+                                              self.channel_rows):
+                channel = self.channel_maps[row]
+                if expert == 'poisson':  # H1, H2
+                    frequency.normal_(0, self.source_init_std)
+                    channel.normal_(0, self.source_init_std)
+                else:  # k or c; t
+                    frequency.uniform_(0, self.coef_init)
+                    channel.fill_(self.time_init)
             if self.heat_param == 'softplus' and 'heat' in self.experts:
-                k = self.heat_coef.clamp_(min=1e-4 * self.coef_init)
+                k = self.frequency_maps[0].clamp_(min=1e-4 * self.coef_init)
                 k.copy_(inverse_softplus(k))
-                self.heat_time.copy_(inverse_softplus(self.heat_time))
-            if 'poisson' in self.experts:
-                self.source_freq.normal_(0, self.source_init_std)
-                self.source_channel.normal_(0, self.source_init_std)
+                self.channel_maps[0].copy_(inverse_softplus(self.channel_maps[0]))
             self.route_logits.zero_()
             if self.init_mode == 'identity':
                 self.gate.zero_()
         self._eval_cache = None
 
-    # ------------------------------------------------------------------ router
     def route_weights(self) -> torch.Tensor:
         """``a = softmax(lambda)``, one weight per expert in use."""
         return self.route_logits.softmax(dim=0)
 
-    def route_regularization(self) -> torch.Tensor:
-        """``L_reg = sum_i a_i log a_i`` (paper Eq. 12): the negative entropy of
-        the router, minimal when the experts are used evenly."""
-        return (self.route_logits.softmax(0) *
-                self.route_logits.log_softmax(0)).sum()
+    def expert_maps(self, expert: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``expert``'s rows of ``frequency_maps`` and ``channel_maps`` (views):
+        heat's k and t, wave's c and t, Poisson's H1 and H2, as stored."""
+        row = self.experts.index(expert)
+        return self.frequency_maps[row], self.channel_maps[self.channel_rows[row]]
 
-    # -------------------------------------------------------- filter and field
     def filter_and_field(self, size: Tuple[int, int], device=None, dtype=None,
                          flat: bool = False, params: Optional[Dict[str, torch.Tensor]] = None
                          ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The fused spectral filter and additive field of Eq. 11, each (H, W, C)
-        ((1, H*W, C) if ``flat``): ``filter = a1 heat + a2 wave`` and ``field = a3
-        poisson``. With ``init_mode='identity'``: ``filter = 1 + g (a1 heat +
-        a2 wave - 1)`` and ``field = g a3 poisson``, i.e. ``X + g (Y_Eq11 - X)``.
-
-        ``params``: this unit's, or those of L units like it stacked (outputs
-        (L, ...) then). In few operations (each a GPU kernel): what is per
-        frequency and head is combined before it meets a head's channels."""
+        ((1, H*W, C) if ``flat``): ``filter = a1 heat + a2 wave``, ``field = a3
+        poisson`` (``identity``: ``1 + g (filter - 1)`` and ``g field``).
+        ``params``: this unit's, or those of L units alike stacked ((L, ...)
+        outputs). Few operations, each a GPU kernel: one product serves every
+        expert."""
         params = params or dict(self.named_parameters(recurse=False))
         h, w = size
         logits = params['route_logits']
         device, dtype = device or logits.device, dtype or logits.dtype
         lead = logits.shape[:-1]  # () or (L,)
-        neg_omega_sq, omega_abs, poisson_gain = _frequency_terms(h, w, self.eta, device, dtype)
-
-        def per_channel(name):  # (L.., C/N), broadcast against (L.., H, W, N, C/N)
-            return params[name].view(*lead, 1, 1, 1, -1) if lead else params[name]
-
-        def per_frequency(name):  # (L.., Hr, Wr, N) -> (L.., H, W, N)
-            if (h, w) == self.grid_size:
-                return params[name]
-            maps = params[name].movedim(-1, -3)  # (L.., N, Hr, Wr)
+        frequency, channel = params['frequency_maps'], params['channel_maps']  # (L.., E, ...)
+        if (h, w) != self.grid_size:  # (L.., E, Hr, Wr, N) -> (L.., E, H, W, N)
+            maps = frequency.movedim(-1, -3)  # (L.., E, N, Hr, Wr)
             resized = resize_frequency_map(maps.reshape(-1, *self.grid_size), (h, w),
-                                           self.resize_mode)  # (L.. * N, H, W)
-            return resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
-
-        route = logits.to(dtype).softmax(-1)  # (L.., E) -> each (L.., 1, 1, 1, 1) or ()
-        route = route.view(*route.shape, 1, 1, 1, 1) if lead else route
-        route = dict(zip(self.experts, route.unbind(len(lead))))
-        physical = F.softplus if self.heat_param == 'softplus' else (lambda raw: raw)
+                                           self.resize_mode)  # (L.. * E * N, H, W)
+            frequency = resized.view(*maps.shape[:-2], h, w).movedim(-3, -1)
+        if self.heat_param == 'softplus' and 'heat' in self.experts:  # k and heat's t
+            frequency, channel = (torch.where(_softplus_rows(p.shape[-1 - trailing], trailing,
+                                                             device), F.softplus(p), p)
+                                  for trailing, p in ((3, frequency), (1, channel)))
+        experts = len(self.experts)
+        if len(self.channel_rows) != channel.shape[-2]:  # share_time: wave reads heat's t
+            channel = channel[..., self.channel_rows, :]
+        # each expert's (per frequency and head) x (per channel in a head), one
+        # product for all: (L.., E, H, W, N, C/N); heat's k (-w^2) t, wave's
+        # c |w| t, Poisson's H1 / (w^2 + eta) H2
+        products = (frequency * _expert_factors(self.experts, h, w, self.eta, device, dtype)
+                    ).unsqueeze(-1) * channel.view(*lead, experts, 1, 1, 1, -1)
+        products = products.reshape(*lead, experts, h * w, self.embed_dims)  # (L.., E, HW, C)
+        products = dict(zip(self.experts, products.unbind(len(lead))))
+        route = logits.to(dtype).softmax(-1).view(*lead, experts, 1, 1)
+        route = dict(zip(self.experts, route.unbind(len(lead))))  # (L.., 1, 1)
         spectral_filter = field = None
-        if 'heat' in self.experts:  # a1 exp((k (-w^2)) t)
-            k = physical(per_frequency('heat_coef'))  # (L.., H, W, N)
-            time = physical(per_channel('heat_time'))
-            heat = torch.exp((k * neg_omega_sq).unsqueeze(-1) * time)
-            spectral_filter = heat * route['heat']  # (L.., H, W, N, C/N)
-        if 'wave' in self.experts:  # + a2 cos((c |w|) t)
-            time = per_channel('wave_time') if 'wave_time' in params else \
-                physical(per_channel('heat_time'))  # share_time
-            wave = torch.cos((per_frequency('wave_coef') * omega_abs).unsqueeze(-1) * time)
+        if 'heat' in self.experts:  # a1 exp(-k w^2 t)
+            spectral_filter = torch.exp(products['heat']) * route['heat']
+        if 'wave' in self.experts:  # + a2 cos(c |w| t)
+            wave = torch.cos(products['wave'])
             spectral_filter = wave * route['wave'] if spectral_filter is None else \
                 torch.addcmul(spectral_filter, wave, route['wave'])
-        if 'poisson' in self.experts:  # (H1 / (w^2 + eta)) (a3 H2)
-            source = per_frequency('source_freq') * poisson_gain  # (L.., H, W, N)
-            field = source.unsqueeze(-1) * (per_channel('source_channel') * route['poisson'])
-        shape = (*lead, h, w, self.num_heads, self.head_dims)
+        if 'poisson' in self.experts:  # a3 H1 H2 / (w^2 + eta)
+            field = products['poisson'] * route['poisson']
+        shape = (*lead, h * w, self.embed_dims)
         if spectral_filter is None:  # Poisson alone: the field replaces X (Eq. 9)
             spectral_filter = torch.zeros(shape, device=device, dtype=dtype)
         if field is None:
             field = torch.zeros(shape, device=device, dtype=dtype)
         if self.init_mode == 'identity':  # X + g (Y_Eq11 - X), g per channel in a head
-            gate = per_channel('gate').to(dtype)
+            gate = params['gate'].to(dtype).repeat(*[1] * len(lead), self.num_heads)  # (L.., C)
+            gate = gate.view(*lead, 1, -1) if lead else gate
             spectral_filter = torch.lerp(torch.ones((), device=device, dtype=dtype),
                                          spectral_filter, gate)
             field = field * gate
-        shape = (*(lead or (1, )), h * w, self.embed_dims) if flat else \
-            (*lead, h, w, self.embed_dims)
-        return spectral_filter.reshape(shape), field.reshape(shape)
+        if flat and lead:  # (L, H*W, C)
+            return spectral_filter, field
+        shape = (1, h * w, self.embed_dims) if flat else (*lead, h, w, self.embed_dims)
+        return spectral_filter.view(shape), field.view(shape)
 
     def _param_state(self, *key) -> tuple:
-        """``key`` and the versions of the parameters (a merged unit's buffers),
-        which an in-place update bumps (a load, ``.to()`` clear the cache)."""
+        """``key`` and the versions of the parameters or buffers (an in-place
+        update bumps them; a load, ``.to()`` clear the cache)."""
         tensors = list(self.parameters()) + list(self.buffers())
         return key + tuple(t._version for t in tensors)
 
     def clear_cache(self) -> None:
-        """Forget the eval-mode filter and field. Loading, moving the unit and
-        switching its mode do this; call it after replacing a parameter's
-        tensor by other means (``param.data = ...``)."""
+        """Forget the eval-mode filter and field (after ``param.data = ...``;
+        a load, ``.to()`` and a switch of mode do it)."""
         self._eval_cache = None
 
     def _apply(self, fn, recurse=True):  # .to(), .half(), .cuda(): new tensors
@@ -334,24 +315,21 @@ class MoPPAUnit(nn.Module):
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """Frequency maps saved on another reference grid (a checkpoint trained
-        at another image size) are resized to this unit's grid on load, with
-        :func:`resize_frequency_map` (frequency-exact), as mmpretrain resizes
-        ``pos_embed``; other mismatches are left to ``load_state_dict``."""
-        for name in FREQ_PARAMS:
-            key = prefix + name
-            if not hasattr(self, name) or key not in state_dict:
-                continue
-            saved = state_dict[key]  # (Hs, Ws, N)
-            if saved.dim() != 3 or saved.shape[2] != self.num_heads or \
-                    tuple(saved.shape[:2]) == self.grid_size:
-                continue
-            state_dict[key] = resize_frequency_map(
-                saved.permute(2, 0, 1), self.grid_size,
-                self.resize_mode).permute(1, 2, 0).contiguous()  # (Hr, Wr, N)
-            print_log(f'{key}: frequency map resized from grid '
-                      f'{tuple(saved.shape[:2])} to {self.grid_size} '
-                      f'({self.resize_mode}, frequency-exact)', logger='current')
+        """Frequency maps saved on another reference grid (another image size)
+        are resized to this one (:func:`resize_frequency_map`), as mmpretrain
+        resizes ``pos_embed``; other mismatches are ``load_state_dict``'s."""
+        key = prefix + FREQ_PARAMS[0]
+        saved = state_dict.get(key)  # (E, Hs, Ws, N)
+        if hasattr(self, 'frequency_maps') and isinstance(saved, torch.Tensor) and \
+                saved.dim() == 4 and saved.shape[::3] == self.frequency_maps.shape[::3] and \
+                tuple(saved.shape[1:3]) != self.grid_size:
+            maps = saved.permute(0, 3, 1, 2).reshape(-1, *saved.shape[1:3])  # (E*N, Hs, Ws)
+            resized = resize_frequency_map(maps, self.grid_size, self.resize_mode)
+            state_dict[key] = resized.view(saved.shape[0], self.num_heads, *self.grid_size
+                                           ).permute(0, 2, 3, 1).contiguous()  # (E, Hr, Wr, N)
+            print_log(f'{key}: frequency maps resized from grid {tuple(saved.shape[1:3])} '
+                      f'to {self.grid_size} ({self.resize_mode}, frequency-exact)',
+                      logger='current')
         self._eval_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -359,24 +337,19 @@ class MoPPAUnit(nn.Module):
         self._eval_cache = None
         return super().train(mode)
 
-    # ----------------------------------------------------------------- forward
     def filter_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype the filter and field are built in for a spectrum of
-        ``dtype``: float32 at least (in float16 ``a3 / (w^2 + eta)`` overflows
-        for ``eta`` < ~2e-5, ``exp``/``cos`` lose digits), then cast to it."""
+        """The dtype the filter and field are built in for a ``dtype`` spectrum:
+        float32 at least (float16's ``a3 / (w^2 + eta)`` overflows at small eta)."""
         own = self.merged_filter.dtype if self.merged else self.route_logits.dtype
         return torch.float64 if torch.float64 in (dtype, own) else torch.float32
 
-    # ----------------------------------------------------------------- merging
     merged = False
 
     def merge_(self) -> 'MoPPAUnit':
         """Replace the parameters with the filter and field they give on the
-        reference grid (``merged_filter`` and ``merged_field`` buffers, (H, W, C),
-        float32 at least): the unit becomes a constant spectral multiply-add
-        between its two DCTs, for inference. One-way: the parameters are gone
-        (the router, the experts' k, c, t, the source); inputs on another grid
-        are refused. Returns the unit."""
+        reference grid (buffers ``merged_filter``, ``merged_field``, (H, W, C),
+        float32 at least): a constant multiply-add between the DCTs, for
+        inference, one-way; another grid is refused. Returns the unit."""
         if self.merged:
             return self
         dtype = torch.promote_types(self.route_logits.dtype, torch.float32)
@@ -392,14 +365,17 @@ class MoPPAUnit(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
-                extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+                extra: int = 0, terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                norm_input: Optional[torch.Tensor] = None, norm: Optional[nn.Module] = None
                 ) -> torch.Tensor:
         """``x``: (..., H, W, C); or, with the (H, W) ``grid``, tokens (B, extra
         + H*W, C), the ``extra`` first (a class token) unchanged. Returns the
-        same shape in the DCTs' dtype (the input's or autocast's). Kernels: the
-        DCT, one multiply-add with the filter and field (``terms`` from
-        :func:`unit_terms`, else cached or built, cast to the spectrum's
-        dtype), the inverse DCT; only the DCT's matmul casts activations."""
+        same shape in the DCTs' dtype (the input's or autocast's): the DCT, one
+        multiply-add with the filter and field (``terms`` from :func:`unit_terms`,
+        else cached or built), the inverse DCT. With ``x = norm(norm_input)`` (a
+        plain ``nn.LayerNorm``, whose input its backward keeps anyway) in mixed
+        precision, the backward recomputes ``x`` and its DCT rather than keep
+        the spectrum (in float32, device-bound, the DCT costs more than it saves)."""
         if grid is None:  # (..., H, W, C)
             if x.dim() < 3 or x.shape[-1] != self.embed_dims:
                 raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
@@ -415,17 +391,24 @@ class MoPPAUnit(nn.Module):
             # the separable passes take the grid tokens alone: split and join
             out = self.forward(x[:, extra:], grid, terms=terms)  # (B, H*W, C)
             return torch.cat([x[:, :extra].to(out.dtype), out], dim=1)
-        spectrum = dct_tokens(x, grid, extra=extra)
-        key = (grid, extra, spectrum.device, spectrum.dtype)
+        key = (grid, extra, x.device, matmul_dtype(x))
         spectral_filter, field = terms or self._cached_terms(*key) or self._spectral_terms(*key)
+        if dct_method(*grid, x.device) == 'kron' and torch.is_grad_enabled() and \
+                not is_capturing():
+            bases = (expanded_kron_basis(*grid, inverse, x.device, key[3], extra, x.shape[0])
+                     for inverse in (False, True))
+            if key[3] not in (torch.bfloat16, torch.float16) or not isinstance(
+                    norm, nn.LayerNorm) or type(norm).forward is not nn.LayerNorm.forward:
+                norm_input = norm = None  # a plain LayerNorm's, in mixed precision
+            return _KronFilter.apply(x, spectral_filter, field, *bases, norm_input, norm)
+        spectrum = dct_tokens(x, grid, extra=extra)
         spectrum = torch.addcmul(field, spectrum, spectral_filter)  # Eq. 11
         return dct_tokens(spectrum, grid, inverse=True, extra=extra)
 
     def _cached_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
                       dtype: torch.dtype) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`_spectral_terms` from the eval cache, in eval mode without
-        gradients to the unit and when merged; None otherwise (always while a
-        graph is captured)."""
+        gradients to the unit, and merged; None otherwise or while captured."""
         if is_capturing() or not (self.merged or not self.training and not (
                 torch.is_grad_enabled() and self.route_logits.requires_grad)):
             return None
@@ -441,16 +424,14 @@ class MoPPAUnit(nn.Module):
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
         """The filter and field, (1, rows + H*W, C) each ((L, ...) from L units'
         stacked ``params``), in ``dtype``, built in :meth:`filter_dtype` (or the
-        merged buffers); ``rows`` first rows of 1 and 0 for the extra tokens.
-        The leading 1 lets the multiply-add's backward sum the batch alone."""
+        merged buffers); ``rows`` first rows of 1 and 0 for the extra tokens."""
         with torch.autocast(device.type, enabled=False):
             if self.merged:
                 if tuple(grid) != tuple(self.grid_size):
                     raise ValueError(
                         f'MoPPAUnit: merged for its reference grid {tuple(self.grid_size)}, got '
-                        f'an input on the grid {tuple(grid)}. A merged unit holds the filter of '
-                        'one grid: merge a model built for this input size (e.g. img_size), or '
-                        'run the unmerged model')
+                        f'an input on the grid {tuple(grid)}: merge a model built for this '
+                        'input size (img_size), or run the unmerged model')
                 spectral_filter = self.merged_filter.view(1, -1, self.embed_dims)  # (1, H*W, C)
                 field = self.merged_field.view(1, -1, self.embed_dims)
             else:
@@ -462,7 +443,6 @@ class MoPPAUnit(nn.Module):
                 field = F.pad(field, (0, 0, rows, 0))
         return spectral_filter, field
 
-    # -------------------------------------------------------------- reporting
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, '
                 f'grid_size={self.grid_size}, experts={self.experts}, '
@@ -471,8 +451,57 @@ class MoPPAUnit(nn.Module):
                 f'heat_param={self.heat_param!r}' + (', merged=True' if self.merged else ''))
 
 
+class _KronFilter(torch.autograd.Function):
+    """``K^T (K x * filter + field)``, ``K`` (N, T, T) an orthonormal Kronecker
+    DCT expanded to the batch: the unit's forward, its backward in seven GPU
+    kernels (autograd's: eleven): ``g' = K g``, ``sum_b g' * (K x)``, ``sum_b
+    g'``, ``K^T (g' * filter)``; ``K x`` kept or recomputed from ``norm_input``."""
+
+    @staticmethod
+    def forward(ctx, x, spectral_filter, field, basis, inverse_basis, norm_input, norm):
+        ctx.input_dtype, ctx.norm = x.dtype, norm
+        spectral_filter, field = spectral_filter.to(basis.dtype), field.to(basis.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            spectrum = torch.bmm(basis, x.to(basis.dtype))  # (N, T, C)
+            out = torch.bmm(inverse_basis, torch.addcmul(field, spectrum, spectral_filter))
+        kept = spectrum if norm is None else norm_input
+        ctx.save_for_backward(kept, spectral_filter, basis, inverse_basis)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        spectrum, spectral_filter, basis, inverse_basis = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad = torch.bmm(basis, grad.to(basis.dtype))  # (N, T, C): K (K^T)^T
+        if needs[1] and ctx.norm is not None:  # the spectrum from the norm's input
+            spectrum = torch.bmm(basis, recompute_norm(ctx.norm, spectrum).to(basis.dtype))
+        grad_filter = (grad * spectrum).sum(0, keepdim=True) if needs[1] else None  # (1, T, C)
+        grad_field = grad.sum(0, keepdim=True) if needs[2] else None
+        grad_x = torch.bmm(inverse_basis, grad.mul_(spectral_filter)).to(ctx.input_dtype)
+        return grad_x, grad_filter, grad_field, None, None, None, None
+
+
+def recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
+    """``norm(norm_input)`` again in a backward (autocast off), in the widest
+    dtype of the input and the norm's parameters, every tensor cast to it, as
+    autocast would (CUDA refuses a bfloat16 input with float32 weights)."""
+    params = (norm.weight, norm.bias)
+    dtype = functools.reduce(_promoted, [p.dtype for p in params if p is not None],
+                             norm_input.dtype)
+    weight, bias = (None if p is None else p.to(dtype) for p in params)
+    with torch.no_grad():
+        return F.layer_norm(norm_input.to(dtype), norm.normalized_shape, weight, bias, norm.eps)
+
+
+@functools.lru_cache(maxsize=None)
+def _promoted(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    """``torch.promote_types``, remembered (a dispatched call each time)."""
+    return torch.promote_types(first, second)
+
+
 class _Stack(torch.autograd.Function):
-    """``torch.stack``, its backward one ``unbind`` (autograd's: a select each)."""
+    """``torch.stack``, its backward one ``unbind`` (autograd's: one select each)."""
 
     @staticmethod
     def forward(ctx, *tensors):
@@ -483,14 +512,17 @@ class _Stack(torch.autograd.Function):
         return grad.unbind(0)
 
 
+def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(tensors)``, through :class:`_Stack` unless captured."""
+    return torch.stack(tensors) if is_capturing() else _Stack.apply(*tensors)
+
+
 def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extra: int,
                like: torch.Tensor) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
     """The filter and field (``terms`` of :meth:`MoPPAUnit.forward`) of each
-    unit (None for a unit that is None or off) for tokens like ``like`` (B,
-    extra + H*W, C) on ``grid``, built in ONE set of operations for the units
-    alike (options, parameter shapes, dtypes, devices, trainability) on their
-    stacked parameters, else from the eval caches. A backbone calls it once
-    per forward and hands each layer its unit's terms."""
+    unit (None: None or off) for tokens like ``like`` (B, extra + H*W, C) on
+    ``grid``: from the eval caches, else in ONE set of operations for the
+    units alike (options, parameter shapes, dtypes, devices, trainability)."""
     device, dtype = like.device, matmul_dtype(like)
     rows = extra if dct_method(*grid, device) == 'kron' else 0  # as forward pads
     terms: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(units)
@@ -501,27 +533,65 @@ def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extr
         terms[index] = unit._cached_terms(grid, rows, device, dtype)
         if terms[index] is not None:
             continue
+        if unit.merged:  # its buffers, while a graph is captured
+            terms[index] = unit._spectral_terms(grid, rows, device, dtype)
+            continue
         params = unit.named_parameters(recurse=False)
         key = (type(unit), unit.extra_repr()) + tuple(
             (name, p.shape, p.dtype, p.device, p.requires_grad) for name, p in params)
         alike.setdefault(key, []).append(index)
     for indices in alike.values():
         group = [units[index] for index in indices]
-        names = [name for name, _ in group[0].named_parameters(recurse=False)]
-        params = None if len(group) == 1 else {  # (L, ...) each
-            name: _Stack.apply(*(getattr(unit, name) for unit in group)) for name in names}
+        params = None if len(group) == 1 else {  # (L, ...) each: one stack per parameter
+            name: _stack([getattr(unit, name) for unit in group])
+            for name, _ in group[0].named_parameters(recurse=False)}
         built = group[0]._spectral_terms(grid, rows, device, dtype, params)
         for index, spectral_filter, field in zip(indices, *(term.split(1) for term in built)):
             terms[index] = (spectral_filter, field)  # (1, rows + H*W, C) each
     return terms
 
 
-def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
-    """The schedule of paper Eq. 13: ``w * max(1 - 2T / T_total, 0)``.
+_SHARED: ContextVar[Optional[dict]] = ContextVar('moppa_shared_unit_terms', default=None)
 
-    ``progress`` is the current epoch (or iteration), ``total`` the number of
-    epochs (or iterations).
-    """
+
+@contextlib.contextmanager
+def sharing_unit_terms(groups: Sequence[Sequence[MoPPAUnit]], like: torch.Tensor):
+    """Within the block, :func:`shared_unit_terms` hands each unit of
+    ``groups`` the filter and field :func:`unit_terms` builds for its whole
+    group, once per grid, for inputs like ``like`` (device; autocast's dtype):
+    for a backbone whose base class's forward runs its units from modules it
+    cannot pass them to. Nothing outlives the block."""
+    token = _SHARED.set(dict(groups={id(unit): group for group in groups for unit in group},
+                             like=like, grad=torch.is_grad_enabled(), built={}))
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def shared_unit_terms(unit: MoPPAUnit, grid: Tuple[int, int], like: torch.Tensor
+                      ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """``unit``'s filter and field for tokens like ``like`` on ``grid`` from the
+    enclosing :func:`sharing_unit_terms`, built in the grad mode it began in (a
+    checkpointed block may ask first, without grad); None outside one (a
+    checkpoint's recompute, a block called alone, a graph capture) or for
+    another device or dtype: the unit builds its own."""
+    shared = None if is_capturing() else _SHARED.get()
+    group = shared and shared['groups'].get(id(unit))
+    if not group or (like.device, matmul_dtype(like)) != (
+            shared['like'].device, matmul_dtype(shared['like'])):
+        return None
+    key = (id(group), tuple(grid))
+    if key not in shared['built']:
+        with torch.set_grad_enabled(shared['grad']):
+            terms = unit_terms(group, tuple(grid), 0, shared['like'])
+        shared['built'][key] = {id(member): term for member, term in zip(group, terms)}
+    return shared['built'][key][id(unit)]
+
+
+def route_loss_weight(base_weight: float, progress: float, total: float) -> float:
+    """The schedule of paper Eq. 13: ``w * max(1 - 2T / T_total, 0)``, T the
+    epoch (or iteration) ``progress``, T_total their ``total``."""
     if total <= 0:
         raise ValueError(f'total must be > 0, got {total}')
     return base_weight * max(1.0 - 2.0 * progress / total, 0.0)
@@ -533,9 +603,10 @@ def moppa_units(module: nn.Module):
 
 
 def route_regularization(module: nn.Module) -> torch.Tensor:
-    """``L_reg`` averaged over all MoPPA units inside ``module``. The routers of
-    as many experts are stacked, (units, experts): one softmax serves them all
-    (a training step pays per operation, not per router)."""
+    """``L_reg = sum_i a_i log a_i`` (paper Eq. 12: the router's negative
+    entropy, least when the experts are used evenly) averaged over the MoPPA
+    units inside ``module`` (a unit too); the routers of as many experts
+    stacked: one softmax serves them all."""
     units = moppa_units(module)
     if not units:
         raise ValueError(f'{type(module).__name__} holds no MoPPAUnit')
@@ -543,11 +614,12 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
     for unit in units:
         routers.setdefault(unit.route_logits.shape, []).append(unit.route_logits)
     total = sum((logits.softmax(-1) * logits.log_softmax(-1)).sum()
-                for logits in (_Stack.apply(*group) for group in routers.values()))
+                for logits in (_stack(group) for group in routers.values()))
     return total / len(units)
 
 
 __all__ = [
     'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'unit_terms', 'route_regularization', 'EXPERTS', 'INIT_MODES', 'HEAT_PARAMS'
+    'unit_terms', 'sharing_unit_terms', 'shared_unit_terms', 'route_regularization', 'EXPERTS',
+    'INIT_MODES', 'HEAT_PARAMS'
 ]

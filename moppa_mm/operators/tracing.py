@@ -1,21 +1,17 @@
-"""Whether a forward is being captured into a graph rather than run.
-
-Under ``torch.compile`` (dynamo), ``torch.export`` (which torch's default ONNX
-exporter uses), the TorchScript tracer (the older ONNX exporter) and
-``torch.jit.trace``, the operators take their plain paths: no custom autograd
-functions, no eval cache keyed on parameter versions, no values read back
-from the device. The graph compilers fuse the plain operations themselves; a
-trace of an eager-only path could record a constant it does not understand.
-"""
+"""Whether a forward is being captured into a graph rather than run: then
+(dynamo, ``torch.export``, the TorchScript tracer, the ONNX exporters) the
+operators take their plain paths, which compilers fuse themselves; no custom
+autograd function, no cache, no value read back from the device."""
 import torch
 
 
-def is_capturing() -> bool:
-    """True while dynamo, ``torch.export``, the TorchScript tracer or the ONNX
-    exporter records the forward."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return True  # dynamo, torch.compile and torch.export (the default ONNX exporter)
-    return bool(torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+def is_capturing(compilers: bool = True) -> bool:
+    """True while dynamo (``torch.compile``, unless ``compilers=False``: it
+    traces custom autograd functions), ``torch.export``, the TorchScript
+    tracer or the ONNX exporter records the forward."""
+    if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return True  # torch.export is the default ONNX exporter's
+    return compilers and torch.compiler.is_compiling()
 
 
 __all__ = ['is_capturing']

@@ -193,11 +193,11 @@ def test_another_base_is_refused(tasks, tmp_path):
 def test_non_finite_and_foreign_checkpoints_are_refused(tasks, tmp_path):
     bank = AdapterBank.from_config(tasks['five']['cfg'])
     checkpoint = torch.load(tasks['five']['checkpoint'], weights_only=True)
-    checkpoint['state_dict']['backbone.layers.1.moppa.wave_time'][0] = float('nan')
+    checkpoint['state_dict']['backbone.layers.1.moppa.channel_maps'][1, 0] = float('nan')
     path = str(tmp_path / 'nan.pth')
     torch.save(checkpoint, path)
     with pytest.raises(CheckpointLoadError, match=r"task 'nan' checkpoint '.*nan.pth' "
-                       r'holds NaN.*backbone.layers.1.moppa.wave_time'):
+                       r'holds NaN.*backbone.layers.1.moppa.channel_maps'):
         bank.add('nan', path)
     with pytest.raises(CheckpointLoadError, match=r"task 'nan' \(<state dict>\)"):
         bank.add('nan', checkpoint)

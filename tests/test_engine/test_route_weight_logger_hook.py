@@ -48,7 +48,7 @@ def test_route_weights_in_scalars_and_tensorboard(shapes_data, tmp_path):
     events.Reload()
     assert keys <= set(events.Tags()['scalars'])
     stage0 = runner.model.backbone.stages[0]
-    heat = [u.moppa.route_weights()[0].item() for u in stage0.blocks]
+    heat = [u.attn.w_msa.moppa.route_weights()[0].item() for u in stage0.blocks]
     logged = events.Scalars('route/stage0/heat')
     assert [e.step for e in logged] == [1, 2]
     assert logged[-1].value == pytest.approx(sum(heat) / len(heat), abs=1e-6)

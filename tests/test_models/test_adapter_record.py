@@ -446,8 +446,8 @@ def test_new_task_from_adapters_with_the_override(trained_classifier):
     head = model.head.layers.head.weight.clone()
     load_checkpoint(model, trained_classifier['checkpoint'], map_location='cpu')
     torch.testing.assert_close(model.head.layers.head.weight, head)  # kept its init
-    trained = trained_classifier['model'].backbone.layers[0].moppa.source_channel
-    torch.testing.assert_close(model.backbone.layers[0].moppa.source_channel, trained)
+    trained = trained_classifier['model'].backbone.layers[0].moppa.channel_maps
+    torch.testing.assert_close(model.backbone.layers[0].moppa.channel_maps, trained)
 
 
 def test_a_changed_base_file_is_named_as_changed(trained_classifier, tmp_path):
@@ -617,11 +617,11 @@ def test_a_record_less_checkpoint_gets_every_check_its_tensors_allow(trained_cla
     from moppa_mm.utils.checkpoints import CheckpointLoadError
     checkpoint = torch.load(trained_classifier['checkpoint'], weights_only=True)
     del checkpoint['state_dict']['backbone._extra_state']
-    adapter = 'backbone.layers.1.moppa.source_channel'
+    adapter = 'backbone.layers.1.moppa.channel_maps'
     faults = {
         'nan': ({adapter: checkpoint['state_dict'][adapter] * float('nan')},
                 CheckpointLoadError, rf'{adapter[len("backbone."):]} \(\d+ of'),
-        'shape': ({adapter: checkpoint['state_dict'][adapter].repeat(2)},
+        'shape': ({adapter: checkpoint['state_dict'][adapter].repeat(2, 1)},
                   PretrainedMismatchError, 'do not fit the model'),
         'an adapter missing': ({adapter: None}, PretrainedMismatchError,
                                r"lacks 1 of the model's \d+ adapter parameters"),

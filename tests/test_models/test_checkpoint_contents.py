@@ -72,7 +72,7 @@ def damaged(path, tmp_path, key, name='damaged.pth'):
 
 
 @pytest.mark.parametrize('key', ['head.layers.head.weight',
-                                 'backbone.layers.1.moppa.source_channel'])
+                                 'backbone.layers.1.moppa.channel_maps'])
 def test_damaged_trained_tensors_stop_every_loader(trained_classifier, tmp_path, key):  # noqa: F811
     """torch.load reads changed bytes silently (before the digest such a head
     tested at top-1 41.7 instead of 33.3, exit 0): the record's digest stops
@@ -197,8 +197,9 @@ def test_another_models_checkpoint_stops_naming_both(detector, tmp_path):  # noq
     cfg.backbone.strict_adapter_record = False
     new_task = build(cfg, scope='mmdet')
     load_checkpoint(new_task, mask_path, map_location='cpu')  # a warning: adapters load
-    torch.testing.assert_close(new_task.backbone.stages[0].blocks[0].moppa.source_channel,
-                               mask.backbone.stages[0].blocks[0].moppa.source_channel)
+    torch.testing.assert_close(
+        new_task.backbone.stages[0].blocks[0].attn.w_msa.moppa.channel_maps,
+        mask.backbone.stages[0].blocks[0].attn.w_msa.moppa.channel_maps)
 
 
 def test_an_ema_checkpoint_loads_both_ways(trained_classifier):  # noqa: F811
@@ -253,13 +254,13 @@ def test_base_and_head_without_adapters_stop(trained_classifier, tmp_path):  # n
     with pytest.raises(AdapterRecordMismatchError, match=match):
         build(classifier_cfg(pretrained)).load_state_dict(state)
     lenient = build(classifier_cfg(pretrained, strict_adapter_record=False))
-    unit = lenient.backbone.layers[0].moppa.source_channel.clone()
+    unit = lenient.backbone.layers[0].moppa.channel_maps.clone()
     with logged_messages() as messages:
         load_checkpoint(lenient, path, map_location='cpu')
     assert [m for m in messages if re.search(match, m)
             and m.endswith('(strict_adapter_record=False: loading anyway)')], messages
     torch.testing.assert_close(lenient.head.layers.head.weight, trained.head.layers.head.weight)
-    torch.testing.assert_close(lenient.backbone.layers[0].moppa.source_channel, unit)
+    torch.testing.assert_close(lenient.backbone.layers[0].moppa.channel_maps, unit)
 
 
 def test_a_plain_swin_detectors_checkpoint_stops(detector, tmp_path):  # noqa: F811

@@ -131,6 +131,28 @@ def test_the_check_catches_mixed_matmuls_and_norms_where_autocast_is_off():
     assert rules.seen['mixed norms under autocast'] == 1
 
 
+def test_the_check_catches_a_batch_norm_backward_cuda_refuses():
+    """Batch norm's backward reduction (the scale & shift gradients): a
+    bfloat16 gradient and input with float32 statistics is CUDA's AMP batch
+    norm and passes; bfloat16 statistics, or a gradient of another dtype, do
+    not (CPU's kernel runs both)."""
+    low = torch.randn(4, 8, dtype=torch.bfloat16)
+    stats = torch.rand(8) + 0.5
+
+    def reduction(grad, mean):
+        return torch.ops.aten.native_batch_norm_backward(
+            grad, low, stats, None, None, mean, stats, True, 0.0, [False, True, True])
+
+    with cuda_dtype_rules():
+        reduction(low, stats)
+    with pytest.raises(MixedDtypeError, match='save_mean is torch.bfloat16'):
+        with cuda_dtype_rules():
+            reduction(low, stats.to(torch.bfloat16))
+    with pytest.raises(MixedDtypeError, match='the gradient is torch.float32'):
+        with cuda_dtype_rules():
+            reduction(low.float(), stats)
+
+
 def test_the_check_catches_the_conv_adapters_former_recompute(monkeypatch):
     """The conv adapter's backward as it was before the fix: the MoPPA Swin's
     first training step fails the check, naming the recomputation."""
@@ -138,7 +160,7 @@ def test_the_check_catches_the_conv_adapters_former_recompute(monkeypatch):
     def former(norm, norm_input):
         return F.layer_norm(norm_input, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
-    monkeypatch.setattr(conv_adapter, '_recompute_norm', former)
+    monkeypatch.setattr(conv_adapter, 'recompute_norm', former)
     backbone = build('mmdet-swin-window')
     with pytest.raises(MixedDtypeError, match=r'native_layer_norm.*conv_adapter.py.*'
                                               r'autocast is off'):

@@ -22,33 +22,28 @@ def expert_terms(unit: MoPPAUnit) -> Dict[str, torch.Tensor]:
     omega_w = math.pi * torch.arange(w, dtype=dtype) / w  # (W,)
     omega_sq = (omega_h[:, None]**2 + omega_w[None, :]**2)[..., None, None]  # (H, W, 1, 1)
     physical = F.softplus if unit.heat_param == 'softplus' else (lambda raw: raw)
-    heat_time = physical(unit.heat_time) if hasattr(unit, 'heat_time') else None
     terms = {}
     if 'heat' in unit.experts:
-        k = physical(unit.heat_coef)[..., None]  # (H, W, N, 1)
-        terms['heat'] = torch.exp(-k * omega_sq * heat_time)  # (H, W, N, C/N)
+        k, time = (physical(p) for p in unit.expert_maps('heat'))
+        terms['heat'] = torch.exp(-k[..., None] * omega_sq * time)  # (H, W, N, C/N)
     if 'wave' in unit.experts:
-        c = unit.wave_coef[..., None]  # (H, W, N, 1)
-        time = unit.wave_time if hasattr(unit, 'wave_time') else heat_time
-        terms['wave'] = torch.cos(c * omega_sq.sqrt() * time)
+        c, time = unit.expert_maps('wave')
+        if unit.share_time and 'heat' in unit.experts:  # heat's t, softplus'd with it
+            time = physical(time)
+        terms['wave'] = torch.cos(c[..., None] * omega_sq.sqrt() * time)
     if 'poisson' in unit.experts:
-        source = unit.source_freq[..., None] * unit.source_channel  # (H, W, N, C/N)
+        source_freq, source_channel = unit.expert_maps('poisson')
+        source = source_freq[..., None] * source_channel  # (H, W, N, C/N)
         terms['poisson'] = source / (omega_sq + unit.eta)
     return {name: term.reshape(h, w, unit.embed_dims) for name, term in terms.items()}
 
 
-# each expert's parameters (and the router's, the identity gate's) by name
-EXPERT_PARAMETERS = {
-    'heat': ('heat_coef', 'heat_time'),
-    'wave': ('wave_coef', 'wave_time'),
-    'poisson': ('source_freq', 'source_channel'),
-    'router': ('route_logits', ),
-    'gate': ('gate', ),
-}
-
-
 def parameter_counts(unit: MoPPAUnit) -> Dict[str, int]:
-    """How many parameters each expert (and the router, the gate) holds."""
-    sizes = {name: param.numel() for name, param in unit.named_parameters()}
-    return {group: sum(sizes.get(name, 0) for name in names)
-            for group, names in EXPERT_PARAMETERS.items()}
+    """How many parameters each expert (a row of ``frequency_maps``, and of
+    ``channel_maps`` unless it shares heat's), the router and the gate hold."""
+    frequency_row, channel_row = unit.frequency_maps[0].numel(), unit.channel_maps.shape[-1]
+    counts = {expert: frequency_row + channel_row * (unit.channel_rows.index(row) == index)
+              for index, (expert, row) in enumerate(zip(unit.experts, unit.channel_rows))}
+    counts['router'] = unit.route_logits.numel()
+    counts['gate'] = unit.gate.numel() if hasattr(unit, 'gate') else 0
+    return counts

@@ -1,4 +1,5 @@
 import math
+import types
 
 import numpy as np
 import pytest
@@ -33,8 +34,8 @@ def test_heat_decays_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega_sq = (math.pi * n / h)**2 + (math.pi * m / w)**2
-    k = unit.heat_coef.detach().numpy()[n, m, :]  # (N,)
-    t = unit.heat_time.detach().numpy()  # (C/N,)
+    k, t = (p.detach().numpy() for p in unit.expert_maps('heat'))  # (H, W, N), (C/N,)
+    k = k[n, m, :]  # (N,)
     decay = np.exp(-k[:, None] * omega_sq * t[None, :]).reshape(-1)  # (C,)
     # a single expert: the router weight is 1
     np.testing.assert_allclose(y, x.numpy() * decay, atol=1e-12)
@@ -47,8 +48,8 @@ def test_wave_oscillates_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega = math.sqrt((math.pi * n / h)**2 + (math.pi * m / w)**2)
-    c = unit.wave_coef.detach().numpy()[n, m, :]
-    t = unit.wave_time.detach().numpy()
+    c, t = (p.detach().numpy() for p in unit.expert_maps('wave'))
+    c = c[n, m, :]
     factor = np.cos(c[:, None] * omega * t[None, :]).reshape(-1)
     np.testing.assert_allclose(y, x.numpy() * factor, atol=1e-12)
 
@@ -58,8 +59,7 @@ def test_poisson_field_matches_independent_computation():
     unit = make_unit(h, w, dims, heads, experts=('poisson', ))
     x = torch.randn(2, h, w, dims, dtype=torch.float64)
     y = unit(x).detach().numpy()
-    h1 = unit.source_freq.detach().numpy()  # (H, W, N)
-    h2 = unit.source_channel.detach().numpy()  # (C/N,)
+    h1, h2 = (p.detach().numpy() for p in unit.expert_maps('poisson'))  # (H, W, N), (C/N,)
     source = np.einsum('hwn,d->hwnd', h1, h2).reshape(h, w, dims)
     wy, wx = np.meshgrid(np.pi * np.arange(h) / h, np.pi * np.arange(w) / w,
                          indexing='ij')
@@ -105,8 +105,7 @@ def test_gradcheck_every_parameter():
     unit = make_unit(3, 4, 4, 2)
     x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
     names, params = zip(*unit.named_parameters())
-    assert set(names) == {'heat_coef', 'heat_time', 'wave_coef', 'wave_time',
-                          'source_freq', 'source_channel', 'route_logits'}
+    assert names == ('frequency_maps', 'channel_maps', 'route_logits')
 
     def run(inp, *ps):
         state = dict(zip(names, ps))
@@ -151,8 +150,9 @@ def test_initialisation_is_near_identity_scaled_by_router():
     assert rel < 0.15, rel
     # the wave expert is not stuck at its stationary point c = 0
     unit(x).sum().backward()
-    assert unit.wave_coef.grad.abs().sum() > 0
-    assert unit.wave_time.grad.abs().sum() > 0
+    wave = unit.experts.index('wave')
+    assert unit.frequency_maps.grad[wave].abs().sum() > 0
+    assert unit.channel_maps.grad[wave].abs().sum() > 0
 
 
 def count_filter_builds(unit):
@@ -209,15 +209,15 @@ def test_resize_is_frequency_exact():
 def test_route_regularization_and_schedule():
     unit = MoPPAUnit(4, 2, 3)
     # uniform router: sum a log a = log(1/3), the minimum
-    assert math.isclose(unit.route_regularization().item(), math.log(1 / 3),
+    assert math.isclose(route_regularization(unit).item(), math.log(1 / 3),
                         rel_tol=1e-6)
     with torch.no_grad():
         unit.route_logits.copy_(torch.tensor([5.0, 0.0, -1.0]))
     a = torch.tensor([5.0, 0.0, -1.0]).softmax(0)
-    assert math.isclose(unit.route_regularization().item(),
+    assert math.isclose(route_regularization(unit).item(),
                         (a * a.log()).sum().item(), rel_tol=1e-6)
     two = torch.nn.Sequential(unit, MoPPAUnit(4, 2, 3))
-    expected = (unit.route_regularization() + math.log(1 / 3)) / 2
+    expected = (route_regularization(unit) + math.log(1 / 3)) / 2
     torch.testing.assert_close(route_regularization(two), expected)
     assert route_loss_weight(0.5, 0, 10) == 0.5
     assert route_loss_weight(0.5, 2, 10) == pytest.approx(0.3)
@@ -285,13 +285,13 @@ def test_frequency_maps_saved_on_another_grid_are_resized_on_load():
     big = MoPPAUnit(8, 2, (6, 5))
     saved = small.state_dict()
     big.load_state_dict(saved)  # strict
-    for name in ('heat_coef', 'wave_coef', 'source_freq'):
-        expected = resize_frequency_map(saved[name].permute(2, 0, 1), (6, 5))
-        torch.testing.assert_close(getattr(big, name), expected.permute(1, 2, 0),
+    for row, expert in enumerate(big.experts):  # k, c, H1
+        expected = resize_frequency_map(saved['frequency_maps'][row].permute(2, 0, 1), (6, 5))
+        torch.testing.assert_close(big.expert_maps(expert)[0], expected.permute(1, 2, 0),
                                    atol=0, rtol=0)
-    for name in ('heat_time', 'source_channel', 'route_logits'):
+    for name in ('channel_maps', 'route_logits'):
         torch.testing.assert_close(getattr(big, name), saved[name], atol=0, rtol=0)
-    with pytest.raises(RuntimeError, match='size mismatch for heat_coef'):
+    with pytest.raises(RuntimeError, match='size mismatch for frequency_maps'):
         MoPPAUnit(8, 4, 4).load_state_dict(saved)  # other heads: not resizable
 
 
@@ -337,14 +337,43 @@ def test_units_built_together_equal_each_built_alone(options, grid):
             torch.testing.assert_close(got, want, atol=1e-14, rtol=0)
     for got, want in zip(grads_together, torch.autograd.grad(weighted(alone), params)):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
-    from moppa_mm.operators.moppa_unit import _Stack
     names = [name for name, _ in units[0].named_parameters()]
 
     def build(*flat):  # the stacked build, of the three units' parameters
-        params = {name: _Stack.apply(*flat[i::len(names)]) for i, name in enumerate(names)}
+        holders = [types.SimpleNamespace(**dict(zip(names, flat[i:i + len(names)])))
+                   for i in range(0, len(flat), len(names))]
+        params = {name: torch.stack([getattr(holder, name) for holder in holders])
+                  for name in names}
         return units[0]._spectral_terms(grid, 1, tokens.device, tokens.dtype, params)
 
     if grid != units[0].grid_size:  # once per option set, through the resizing
         flat = [p.detach().clone().requires_grad_(True) for unit in units[:3]
                 for p in unit.parameters()]
         assert torch.autograd.gradcheck(build, flat)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_spectrum_recomputed_from_the_norm_input_in_mixed_precision(dtype):
+    """Under autocast, a unit on ``norm(norm_input)`` handed the norm keeps no
+    spectrum for its backward (one activation less; the norm keeps its input
+    anyway), recomputes it, and gives the same gradients as keeping it."""
+    torch.manual_seed(0)
+    unit, norm = make_unit(4, 4, 16, 2).float(), torch.nn.LayerNorm(16)
+    source = torch.randn(3, 1 + 16, 16)
+    grad = torch.randn(3, 1 + 16, 16)
+    results = []
+    for recompute in (True, False):
+        unit.zero_grad()
+        src = source.clone().requires_grad_(True)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t,
+                                                      lambda t: t):
+            with torch.autocast('cpu', dtype=dtype):
+                x = norm(src)
+                out = unit(x, (4, 4), 1, None, *((src, norm) if recompute else ()))
+        out.backward(grad.to(out.dtype))
+        spectra = [t for t in saved if t.shape == out.shape and t.dtype == dtype]
+        assert len(spectra) == (0 if recompute else 1)
+        results.append([src.grad] + [p.grad for p in unit.parameters()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)

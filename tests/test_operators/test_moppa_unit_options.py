@@ -62,10 +62,11 @@ def test_identity_init_every_parameter_moves_under_adamw(heat_param):
         optimizer.step()
     for name, param in unit.named_parameters():
         moved = (param.detach() - before[name]).abs() > 0
-        if name in ('heat_coef', 'wave_coef'):  # (H, W, N)
+        if name == 'frequency_maps':  # (E, H, W, N)
             # k and c multiply w = 0 at the DC term, in any init_mode
-            assert not moved[0, 0].any()
-            moved[0, 0] = True
+            rows = [unit.experts.index(e) for e in ('heat', 'wave') if e in unit.experts]
+            assert not moved[rows, 0, 0].any()
+            moved[rows, 0, 0] = True
         assert moved.all(), f'{name}: {int((~moved).sum())} entries unmoved'
 
 
@@ -93,8 +94,8 @@ def test_softplus_heat_decays_single_mode_exactly(n, m):
     x = torch.from_numpy(cosine_mode(h, w, n, m, 6))
     y = unit(x).detach().numpy()
     omega_sq = (math.pi * n / h)**2 + (math.pi * m / w)**2
-    k = np.log1p(np.exp(unit.heat_coef.detach().numpy()[n, m, :]))  # (N,)
-    t = np.log1p(np.exp(unit.heat_time.detach().numpy()))  # (C/N,)
+    k, t = (np.log1p(np.exp(p.detach().numpy())) for p in unit.expert_maps('heat'))
+    k = k[n, m, :]  # (N,); t: (C/N,)
     decay = np.exp(-k[:, None] * omega_sq * t[None, :]).reshape(-1)  # (C,)
     np.testing.assert_allclose(y, x.numpy() * decay, atol=1e-12)
     assert (decay <= 1).all()
@@ -105,8 +106,9 @@ def test_raw_heat_amplifies_when_kt_negative_softplus_does_not():
     for heat_param, grows in (('raw', True), ('softplus', False)):
         unit = MoPPAUnit(4, 2, (h, w), experts=('heat', ), heat_param=heat_param)
         with torch.no_grad():  # k t = -4, as fine-tuning at lr 0.1 reached
-            unit.heat_coef.fill_(-4.0)
-            unit.heat_time.fill_(1.0)
+            k, t = unit.expert_maps('heat')
+            k.fill_(-4.0)
+            t.fill_(1.0)
         heat = expert_terms(unit)['heat']
         assert bool((heat > 1).any()) == grows, heat_param
         assert (heat <= 1).all() or grows
@@ -118,9 +120,9 @@ def test_softplus_starts_at_the_raw_init():
     raw = MoPPAUnit(8, 2, (4, 5))
     torch.manual_seed(0)
     soft = MoPPAUnit(8, 2, (4, 5), heat_param='softplus')
-    torch.testing.assert_close(F.softplus(soft.heat_coef), raw.heat_coef,
-                               rtol=1e-4, atol=1e-8)
-    torch.testing.assert_close(F.softplus(soft.heat_time), raw.heat_time)
+    (soft_k, soft_t), (raw_k, raw_t) = soft.expert_maps('heat'), raw.expert_maps('heat')
+    torch.testing.assert_close(F.softplus(soft_k), raw_k, rtol=1e-4, atol=1e-8)
+    torch.testing.assert_close(F.softplus(soft_t), raw_t)
     x = torch.randn(2, 4, 5, 8)
     torch.testing.assert_close(soft(x), raw(x), rtol=1e-4, atol=1e-5)
 

@@ -156,7 +156,7 @@ def test_visualize_tool_draws_every_unit_of_a_checkpoint(trained, tmp_path):
                   ckpt, '--out-dir', str(tmp_path)])
     assert result.returncode == 0, result.stderr[-3000:]
     units = sorted(osp.basename(p) for p in glob.glob(str(tmp_path / '*.moppa.png')))
-    assert len(units) == 8 and units[0] == 'backbone.stages.0.blocks.0.moppa.png'
+    assert len(units) == 8 and units[0] == 'backbone.stages.0.blocks.0.attn.w_msa.moppa.png'
     assert osp.getsize(tmp_path / 'route_weights.png') > 0
     assert 'MoPPA tensors from' in result.stdout
 

@@ -25,9 +25,8 @@ from moppa_mm.utils.checkpoints import load_checkpoint_file
 sys.path.append(osp.dirname(osp.dirname(osp.abspath(__file__))))
 from preflight import load_config, run_main  # noqa: E402
 
-# the frequency-indexed parameters, (Hr, Wr, N) each, and what the paper calls them
-FREQUENCY_MAPS = (('heat_coef', 'k (heat)'), ('wave_coef', 'c (wave)'),
-                  ('source_freq', 'H1 (Poisson source)'))
+# what the paper calls each expert's frequency-indexed map (Hr, Wr, N)
+FREQUENCY_MAPS = dict(heat='k (heat)', wave='c (wave)', poisson='H1 (Poisson source)')
 
 
 def named_units(model: nn.Module) -> List[Tuple[str, MoPPAUnit]]:
@@ -54,13 +53,14 @@ def point_source_responses(size: int = 65, time: float = 12.0, eta: float = 1e-3
     with torch.no_grad():
         for expert in EXPERTS:
             unit = MoPPAUnit(1, 1, size, eta=eta, experts=(expert, )).eval()
+            frequency, channel = unit.expert_maps(expert)
             if expert == 'poisson':  # the impulse is the source: H1 = DCT(impulse)
-                unit.source_freq.copy_(dct2d(impulse)[0])  # (H, W, 1)
-                unit.source_channel.fill_(1.0)
+                frequency.copy_(dct2d(impulse)[0])  # (H, W, 1)
+                channel.fill_(1.0)
                 x = torch.zeros_like(impulse)
-            else:
-                getattr(unit, f'{expert}_coef').fill_(1.0)
-                getattr(unit, f'{expert}_time').fill_(time)
+            else:  # k or c, t
+                frequency.fill_(1.0)
+                channel.fill_(time)
                 x = impulse
             responses[expert] = unit(x)[0, :, :, 0].numpy()  # (H, W)
     return responses
@@ -105,8 +105,8 @@ def draw_learned_maps(model: nn.Module, out_dir: str) -> List[str]:
     units = named_units(model)
     paths = []
     for name, unit in units:
-        maps = [(label, getattr(unit, attr)) for attr, label in FREQUENCY_MAPS
-                if hasattr(unit, attr)]
+        maps = [(FREQUENCY_MAPS[expert], unit.expert_maps(expert)[0])
+                for expert in unit.experts if hasattr(unit, 'frequency_maps')]
         fig, axes = plt.subplots(1, len(maps), figsize=(3.6 * len(maps), 3.4),
                                  squeeze=False)
         for ax, (label, param) in zip(axes[0], maps):

@@ -25,7 +25,7 @@ from moppa_mm.utils.checkpoints import load_checkpoint_file, naming_checkpoint
 from moppa_mm.utils.errors import InputValueError
 from moppa_mm.utils.params import frozen_norms, set_trainable
 from moppa_mm.utils.release_formats import check_converted
-from ..layers.scale_shift import ScaleShift, _RunsScaleShift
+from ..layers.scale_shift import ScaleShiftLayer
 from ..moppa_config import MoPPAConfig
 from . import load_check, model_hooks, training_checks
 from .adapter_params import ADAPTER_PATTERNS, frozen_base_keys, is_adapter_key, parameter_report
@@ -261,15 +261,10 @@ class AdapterMixin(RouteLossMixin):
         if self.merged:
             return self
         self._check_mergeable()
-        for kind in (_RunsScaleShift, ScaleShift):  # the layers, then their parameters
-            for name, module in list(self.named_modules()):
-                if isinstance(module, kind):
-                    parent_name, _, attr = name.rpartition('.')
-                    parent = self.get_submodule(parent_name)
-                    if kind is ScaleShift:
-                        del parent._modules[attr]
-                    else:
-                        parent._modules[attr] = module.merged_layer()
+        for name, module in list(self.named_modules()):  # each with its scale & shift
+            if isinstance(module, ScaleShiftLayer):
+                parent_name, _, attr = name.rpartition('.')
+                self.get_submodule(parent_name)._modules[attr] = module.merged_layer()
         for unit in moppa_units(self):
             unit.merge_()
         for param in self.parameters():

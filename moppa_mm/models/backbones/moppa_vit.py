@@ -29,8 +29,8 @@ class ViTMoPPAUnit(MoPPAUnit):
     num_extra_tokens = 1
 
     def patch_grid(self, num_patches: int) -> Tuple[int, int]:
-        """The (H, W) grid of ``num_patches`` patch tokens when a layer is
-        called without one: the reference grid, else a square one."""
+        """The grid of ``num_patches`` patches for a layer called without one:
+        the reference grid, else a square one."""
         if self.grid_size[0] * self.grid_size[1] == num_patches:
             return tuple(self.grid_size)
         side = math.isqrt(num_patches)
@@ -43,17 +43,17 @@ class ViTMoPPAUnit(MoPPAUnit):
             'backbone, whose patch embedding gives the grid')
 
     def forward_tokens(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None,
-                       terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-                       ) -> torch.Tensor:
-        """The unit on ``x``: (B, extra + H*W, C), the patch tokens on the
-        (H, W) ``grid`` (None: :meth:`patch_grid`); ``terms``: its filter and
-        field, made by the backbone for all its units at once (None: its own;
-        :meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
+                       terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                       norm_input: Optional[torch.Tensor] = None,
+                       norm: Optional[nn.Module] = None) -> torch.Tensor:
+        """The unit on ``x`` (B, extra + H*W, C), the patches on ``grid`` (None:
+        :meth:`patch_grid`); ``terms`` from the backbone (None: its own); ``x =
+        norm(norm_input)`` (:meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \
             self.patch_grid(x.shape[1] - self.num_extra_tokens)
-        return self(x, grid, self.num_extra_tokens, terms)
+        return self(x, grid, self.num_extra_tokens, terms, norm_input, norm)
 
 
 class MoPPAEncoderLayer(TransformerEncoderLayer):
@@ -62,14 +62,13 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 
     def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
                 unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W), None for the
-        unit's guess from the token count (:meth:`ViTMoPPAUnit.patch_grid`);
-        ``unit_terms``: the unit's filter and field, from the backbone
+        """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W) (None: the unit's
+        guess); ``unit_terms``: the unit's filter and field from the backbone
         (:func:`~moppa_mm.operators.unit_terms`; None: the unit's own)."""
         attn_input = self.ln1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
-            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms)
+            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms, x, self.ln1)
         x = x + self.attn(attn_input)
         return self.ffn(self.ln2(x), identity=x)
 
@@ -134,7 +133,7 @@ class ViTAdapterMixin(AdapterMixin):
             if use_scale_shift:
                 self._attach_scale_shift(layer)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed, self.embed_dims)
+            scale_shift_projection(self.patch_embed)
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)
@@ -220,10 +219,9 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         return ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """mmpretrain's ``VisionTransformer.forward`` with one change: every
-        layer is called with the patch grid of this forward, which the patch
-        embedding returns, and its unit's filter and field, made for all units
-        at once (:func:`~moppa_mm.operators.unit_terms`)."""
+        """mmpretrain's ``VisionTransformer.forward``, every layer called with
+        the patch grid and its unit's filter and field, built for all units at
+        once (:func:`~moppa_mm.operators.unit_terms`)."""
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)  # (B, H*W, C), (H, W)
         if self.cls_token is not None:

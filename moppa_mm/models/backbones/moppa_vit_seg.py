@@ -32,7 +32,8 @@ class MoPPAEncoderLayerSeg(TransformerEncoderLayer):
         attn_input = self.norm1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
-            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms or None)
+            attn_input = unit.forward_tokens(attn_input, patch_grid, unit_terms or None, x,
+                                             self.norm1)
         x = self.attn(attn_input, identity=x)
         return self.ffn(self.norm2(x), identity=x)
 
@@ -69,10 +70,9 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
         attach_ffn_scale_shift(layer.ffn)
 
     def forward(self, inputs: torch.Tensor) -> tuple:
-        """mmseg's ``VisionTransformer.forward`` with one change: every layer
-        is called with the patch grid of this forward, which the patch
-        embedding returns, and its unit's filter and field, made for all units
-        at once (:func:`~moppa_mm.operators.unit_terms`)."""
+        """mmseg's ``VisionTransformer.forward``, every layer called with the
+        patch grid and its unit's filter and field, built for all units at
+        once (:func:`~moppa_mm.operators.unit_terms`)."""
         batch = inputs.shape[0]
         x, hw_shape = self.patch_embed(inputs)  # (B, H*W, C), (H, W)
         x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)

@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 
-from moppa_mm.operators import MoPPAUnit
+from moppa_mm.operators import MoPPAUnit, moppa_units, shared_unit_terms, sharing_unit_terms
+from moppa_mm.operators.tracing import is_capturing
 from ..layers import ConvAdapter, ScaleShift
-from ..layers.scale_shift import attach_scale_shift, refer_to, scale_shift_projection
+from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
 from .adapter_mixin import AdapterMixin
 
 
@@ -25,18 +26,13 @@ class SwinMoPPAUnit(MoPPAUnit):
     enabled = True
     scope = 'window'
 
-    def forward_windows(self, windows: torch.Tensor) -> torch.Tensor:
-        """The unit on the (shifted) windows the attention sees."""
-        if not self.enabled:
-            return windows
-        return self(windows, self.grid_size)  # (B*nW, Wh*Ww, C)
-
-    def forward_tokens(self, tokens: torch.Tensor,
-                       hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """The unit on the block's whole (H, W) feature map."""
+    def forward_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        """The unit on ``tokens`` (N, H*W, C) on ``grid`` (windows or the feature
+        map), with the filter and field the backbone built for the stage's units
+        (:func:`~moppa_mm.operators.shared_unit_terms`), else its own."""
         if not self.enabled:
             return tokens
-        return self(tokens, hw_shape)  # (B, H*W, C)
+        return self(tokens, grid, terms=shared_unit_terms(self, grid, tokens))
 
     def extra_repr(self) -> str:
         return f'scope={self.scope}, {super().extra_repr()}'
@@ -54,10 +50,7 @@ class SwinConvAdapter(ConvAdapter):
         """The adapter on ``tokens = norm(norm_input)``, an (H, W) grid."""
         if not self.enabled:
             return tokens
-        batch, _, channels = tokens.shape  # (B, H*W, C)
-        x = tokens.view(batch, *hw_shape, channels)  # (B, H, W, C)
-        return self.forward_after_norm(x, norm_input, norm).view(
-            batch, -1, channels)  # (B, H*W, C)
+        return self.forward_after_norm(tokens, norm_input, norm, hw_shape)  # (B, H*W, C)
 
 
 class MoPPAShiftWindowMSAMixin:
@@ -78,27 +71,22 @@ class MoPPAShiftWindowMSAMixin:
 
 
 class MoPPAWindowMSAMixin:
-    """Mixed into a package's ``WindowMSA`` (window scope): the block's unit
-    on the windows, then the attention. The unit is registered on the block
-    (``moppa``, the checkpoints' key); ``window_unit`` refers to it."""
+    """Mixed into a package's ``WindowMSA`` (window scope): its unit
+    (``moppa``) on the (shifted) windows, then the attention."""
 
-    window_unit: SwinMoPPAUnit
+    moppa: SwinMoPPAUnit
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x``: (B*nW, Wh*Ww, C) windows; ``mask`` as the base class's."""
-        return super().forward(self.window_unit.forward_windows(x), mask=mask)
-
-    def extra_repr(self) -> str:
-        return "window_unit=(the block's moppa)"
+        unit = self.moppa
+        return super().forward(unit.forward_tokens(x, unit.grid_size), mask=mask)
 
 
 class MoPPASwinBlockMixin:
     """Mixed into a package's ``SwinBlock``: its forward written out with the
-    adapters (when the block has them): ``norm1``, the global-scope unit,
-    ``attn`` (the window-scope unit runs inside, see
-    :class:`MoPPAWindowMSAMixin`), the residual, ``norm2``, the conv adapter,
-    ``ffn`` with the residual. ``with_cp`` checkpoints it as the base class
-    does; the recompute gets the grid with the call."""
+    adapters: ``norm1``, the global-scope unit, ``attn`` (the window-scope
+    unit inside), the residual, ``norm2``, the conv adapter, ``ffn``.
+    ``with_cp`` checkpoints it as the base class does, with the grid."""
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """``x``: (B, H*W, C) on the ``hw_shape`` (H, W) grid."""
@@ -110,8 +98,8 @@ class MoPPASwinBlockMixin:
         """The block without checkpointing (what ``with_cp`` recomputes)."""
         identity = x  # (B, H*W, C)
         x = self.norm1(x)
-        unit = self._modules.get('moppa')
-        if unit is not None and unit.scope == 'global':
+        unit = self._modules.get('moppa')  # global scope
+        if unit is not None:
             x = unit.forward_tokens(x, hw_shape)
         x = self.attn(x, hw_shape) + identity
         tokens = self.norm2(x)
@@ -180,12 +168,21 @@ class SwinAdapterMixin(AdapterMixin):
             for block in stage.blocks:
                 self._add_adapters(block, global_grid)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed, self.patch_embed.projection.out_channels)
+            scale_shift_projection(self.patch_embed)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
         if self.frozen_stages >= 0:  # the base class freezes them at every train(): the
             self._freeze_stages()  # frozen stages' adapters are frozen from the start
         self._build_base(merged)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        """The package's forward, each stage's units' filters and fields built
+        once for the call, stacked (:func:`~moppa_mm.operators.sharing_unit_terms`):
+        a training step pays per operation, not per unit."""
+        if is_capturing():  # a graph compiler fuses each unit's own
+            return super().forward(x)
+        with sharing_unit_terms([moppa_units(stage) for stage in self.stages], x):
+            return super().forward(x)
 
     def arch_record(self) -> dict:
         blocks = [stage.blocks[0].attn.w_msa for stage in self.stages]
@@ -197,7 +194,7 @@ class SwinAdapterMixin(AdapterMixin):
 
     def adapter_options(self) -> dict:
         blocks = [block for stage in self.stages for block in stage.blocks]
-        units = [block.moppa for block in blocks if hasattr(block, 'moppa')]
+        units = moppa_units(self)
         convs = [block.conv_adapter for block in blocks if hasattr(block, 'conv_adapter')]
         return dict(use_moppa=self.use_moppa, use_conv_adapter=self.use_conv_adapter,
                     use_scale_shift=self.use_scale_shift, moppa_scope=self.moppa_scope,
@@ -227,12 +224,13 @@ class SwinAdapterMixin(AdapterMixin):
         if self.use_moppa:
             window = self.moppa_scope == 'window'
             grid = tuple(w_msa.window_size) if window else global_grid  # (Wh, Ww)
-            block.moppa = SwinMoPPAUnit(embed_dims, num_heads, grid,
-                                        **self.moppa_config.unit_kwargs())
-            block.moppa.scope = self.moppa_scope
-            if window:
+            unit = SwinMoPPAUnit(embed_dims, num_heads, grid, **self.moppa_config.unit_kwargs())
+            unit.scope = self.moppa_scope
+            if window:  # run by the window attention, on its windows
                 w_msa.__class__ = self.LAYER_CLASSES[type(w_msa)]
-                refer_to(w_msa, 'window_unit', block.moppa)
+                w_msa.moppa = unit
+            else:  # run by the block, on its feature map
+                block.moppa = unit
         if self.use_conv_adapter:
             hidden = max(int(round(embed_dims / self.adapter_ratio)), 1)
             block.conv_adapter = SwinConvAdapter(embed_dims, hidden)

@@ -1,21 +1,23 @@
 """The 3x3 convolution adapter that MoPPA puts before each Swin FFN (paper supp.)."""
-import functools
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from moppa_mm.operators.moppa_unit import _promoted, recompute_norm
 from moppa_mm.operators.tracing import is_capturing
 
 
 class ConvAdapter(nn.Module):
     """Residual bottleneck with a 3x3 convolution, on channel-last tokens.
 
-    ``x + up(act(conv3x3(down(x))))``: ``down`` and ``up`` are 1x1 projections
-    (done as Linear layers on (B, H, W, C), no permute), the 3x3 convolution
-    runs on the ``hidden_dims`` bottleneck. ``up`` starts at zero, so the adapter
-    starts as the identity and the pre-trained block's output is unchanged.
+    ``x + up(act(conv3x3(down(x))))``, ``down`` and ``up`` 1x1 convolutions, on
+    a channels-last view of the tokens (no copy); ``up`` starts at zero (the
+    identity at init). It computes in its input's and parameters' dtype,
+    autocast or not: float32 there (a LayerNorm's output), no activation or
+    weight cast, its convolutions a seventh of the block's width.
     :meth:`forward_after_norm`: the same, leaner on memory, after a LayerNorm.
 
     Args:
@@ -29,152 +31,117 @@ class ConvAdapter(nn.Module):
             raise ValueError(f'hidden_dims must be >= 1, got {hidden_dims}')
         self.embed_dims = embed_dims
         self.hidden_dims = hidden_dims
-        self.down = nn.Linear(embed_dims, hidden_dims)
-        self.conv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1)
+        self.down = nn.Conv2d(embed_dims, hidden_dims, 1)
+        # channels last, as its gradient comes: no copy into its layout per step
+        self.conv = nn.Conv2d(hidden_dims, hidden_dims, 3, padding=1).to(
+            memory_format=torch.channels_last)
         self.act = nn.GELU()
-        self.up = nn.Linear(hidden_dims, embed_dims)
+        self.up = nn.Conv2d(hidden_dims, embed_dims, 1)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.down.weight, a=5**0.5)
-        nn.init.zeros_(self.down.bias)
-        nn.init.kaiming_uniform_(self.conv.weight, a=5**0.5)
-        nn.init.zeros_(self.conv.bias)
+        for layer in (self.down, self.conv, self.up):  # kaiming weights, zero biases
+            layer.reset_parameters()
+            nn.init.zeros_(layer.bias)
         nn.init.zeros_(self.up.weight)
-        nn.init.zeros_(self.up.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (B, H, W, C). Returns the same shape."""
-        hidden = self.down(x)  # (B, H, W, r)
-        hidden = self.conv(hidden.permute(0, 3, 1, 2))  # (B, r, H, W)
-        hidden = self.act(hidden).permute(0, 2, 3, 1)  # (B, H, W, r)
-        return x + self.up(hidden)  # (B, H, W, C)
+    def forward(self, x: torch.Tensor, grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """``x``: (B, H, W, C), or tokens (B, H*W, C) on the (H, W) ``grid``.
+        Returns the same shape."""
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_promoted(x.dtype, self.down.weight.dtype))
+            hidden = self.act(self.conv(self.down(_as_map(x, grid))))  # (B, r, H, W)
+            return x + _as_layout_of(self.up(hidden), x)
 
-    def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor,
-                           norm: nn.LayerNorm) -> torch.Tensor:
+    def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor, norm: nn.LayerNorm,
+                           grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """:meth:`forward` for ``x = norm(norm_input)``, with the same result
         and gradients, saving only the two bottleneck tensors for backward
-        (:class:`_ConvAdapterFunction`). ``x``: (B, H, W, C); ``norm_input``
-        any shape with as many elements."""
+        (:class:`_ConvAdapterFunction`). ``norm_input``: any shape with as
+        many elements as ``x``."""
         if not torch.is_grad_enabled() or is_capturing() or not isinstance(norm, nn.LayerNorm) or \
                 type(norm).forward is not nn.LayerNorm.forward:
-            return self.forward(x)  # only a plain LayerNorm can be recomputed
+            return self.forward(x, grid)  # only a plain LayerNorm can be recomputed
         if type(self.act) is not nn.GELU or self.act.approximate != 'none':
-            return self.forward(x)
-        return _ConvAdapterFunction.apply(x, norm_input, norm, self.down.weight,
-                                          self.down.bias, self.conv.weight,
-                                          self.conv.bias, self.up.weight,
-                                          self.up.bias)
+            return self.forward(x, grid)
+        return _ConvAdapterFunction.apply(x, grid, norm_input, norm, self.down.weight,
+                                          self.down.bias, self.conv.weight, self.conv.bias,
+                                          self.up.weight, self.up.bias)
 
 
-# The bottleneck's matmuls and 3x3 convolution run markedly slower at an odd
-# width (71 at Swin-B's stage 3) than at a multiple of 8, so the fused path pads
-# the bottleneck with zero channels up to the next multiple of 8 when that adds
-# at most ``PAD_MAX_GROWTH`` of its width. The padded channels are zero all the
-# way through (zero weights, zero bias, GELU(0) = 0) and get no gradient.
-PAD_MULTIPLE = 8
-PAD_MAX_GROWTH = 0.05
+def _as_map(x: torch.Tensor, grid: Optional[Tuple[int, int]]) -> torch.Tensor:
+    """(B, H, W, C), or (B, H*W, C) tokens on ``grid``, as the channels-last
+    (B, C, H, W) map: a view, one call."""
+    if grid is None:
+        return x.permute(0, 3, 1, 2)
+    if is_capturing():  # an exporter's sizes may be symbolic
+        return x.view(x.shape[0], *grid, x.shape[-1]).permute(0, 3, 1, 2)
+    batch, tokens, channels = x.shape
+    height, width = grid
+    return x.as_strided((batch, channels, height, width),
+                        (x.stride(0), x.stride(2), width * x.stride(1), x.stride(1)))
 
 
-def padded_width(hidden_dims: int) -> int:
-    """The width the fused path computes a ``hidden_dims`` bottleneck at."""
-    padded = -(-hidden_dims // PAD_MULTIPLE) * PAD_MULTIPLE
-    return padded if padded <= hidden_dims * (1 + PAD_MAX_GROWTH) else hidden_dims
+def _as_layout_of(feature_map: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A (B, C, H, W) convolution output as ``like``'s (B, H, W, C) or (B, H*W,
+    C): a view of a channels-last output."""
+    if like.dim() == 4:
+        return feature_map.permute(0, 2, 3, 1)
+    if is_capturing() or not feature_map.is_contiguous(memory_format=torch.channels_last):
+        return feature_map.flatten(2).transpose(1, 2)
+    batch, channels = feature_map.shape[:2]
+    return feature_map.as_strided((batch, like.shape[1], channels), (
+        feature_map.stride(0), feature_map.stride(3), feature_map.stride(1)))
 
 
-def _pad_bottleneck(width, down_w, down_b, conv_w, conv_b, up_w):
-    """Zero-pad the bottleneck's weights from ``r`` to ``width`` channels."""
-    extra = width - down_w.shape[0]
-    if extra == 0:
-        return down_w, down_b, conv_w, conv_b, up_w
-    return (F.pad(down_w, (0, 0, 0, extra)), F.pad(down_b, (0, extra)),
-            F.pad(conv_w, (0, 0, 0, 0, 0, extra, 0, extra)), F.pad(conv_b, (0, extra)),
-            F.pad(up_w, (0, extra)))
-
-
-def _recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
-    """``norm(norm_input)`` again in backward, where autocast is off: in the
-    widest dtype of the input and the norm's parameters, every tensor cast to
-    it, as autocast computes a norm (float32 on CUDA, whose kernels refuse a
-    bfloat16 input with float32 weights; CPU's accept the mix)."""
-    params = (norm.weight, norm.bias)
-    dtype = functools.reduce(torch.promote_types,
-                             [p.dtype for p in params if p is not None], norm_input.dtype)
-    weight, bias = (None if p is None else p.to(dtype) for p in params)
-    return F.layer_norm(norm_input.to(dtype), norm.normalized_shape, weight, bias, norm.eps)
+def _conv_backward(grad, inputs, weight, padding, needs):
+    """``convolution_backward`` of a stride-1 ``conv2d``: the gradients of its
+    input, weight and bias (those ``needs`` asks for) in one call."""
+    return torch.ops.aten.convolution_backward(
+        grad, inputs, weight, [weight.shape[0]], [1, 1], [padding] * 2, [1, 1], False, [0, 0],
+        1, list(needs))
 
 
 class _ConvAdapterFunction(torch.autograd.Function):
-    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``.
-
-    Autograd would save ``x`` for the ``down`` weight's gradient and both the
-    convolution's output and the activation: ``C + 3r`` channels per token.
-    Here only the convolution's input and output are saved (``2r``); ``x`` is
-    recomputed from ``norm_input`` (already saved by the LayerNorm, so sharing
-    it costs nothing) and the activation from the convolution's output.
+    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``. Autograd
+    would save ``x``, the convolution's output and the activation (``C + 3r``
+    channels per token); this saves the convolution's input and output (``2r``)
+    and recomputes ``x`` from ``norm_input`` (which the LayerNorm keeps anyway)
+    and the activation. Each convolution's backward: one call, three gradients.
     """
 
     @staticmethod
-    def forward(ctx, x, norm_input, norm, down_w, down_b, conv_w, conv_b,
-                up_w, up_b):
-        ctx.hidden_dims = down_w.shape[0]  # r; the bottleneck runs at padded_width(r)
-        down_w, down_b, conv_w, conv_b, up_w = _pad_bottleneck(
-            padded_width(ctx.hidden_dims), down_w, down_b, conv_w, conv_b, up_w)
-        hidden = F.linear(x, down_w, down_b).permute(0, 3, 1, 2)  # (B, r, H, W)
-        pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)  # (B, r, H, W)
-        act = F.gelu(pre_act).permute(0, 2, 3, 1)  # (B, H, W, r)
-        up = torch.addmm(up_b, act.reshape(-1, act.shape[-1]), up_w.t()).view(x.shape)
-        # in place where no promotion is needed; under autocast the low-precision
-        # branch is added to the float32 input out of place, as autograd would
-        out = up.add_(x) if up.dtype == torch.promote_types(up.dtype, x.dtype) else x + up
-        ctx.norm = norm
+    def forward(ctx, x, grid, norm_input, norm, down_w, down_b, conv_w, conv_b, up_w, up_b):
+        ctx.norm, ctx.grid, ctx.input_dtype = norm, grid, x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(_promoted(x.dtype, down_w.dtype))
+            hidden = F.conv2d(_as_map(x, grid), down_w, down_b)  # (B, r, H, W)
+            pre_act = F.conv2d(hidden, conv_w, conv_b, padding=1)
+            up = _as_layout_of(F.conv2d(F.gelu(pre_act), up_w, up_b), x)  # x's shape
         ctx.save_for_backward(norm_input, hidden, pre_act, down_w, conv_w, up_w)
-        return out
+        return up.add_(x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         norm_input, hidden, pre_act, down_w, conv_w, up_w = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        embed_dims, hidden_dims = up_w.shape  # the padded width
-        r = ctx.hidden_dims
-        # the forward's compute dtype (lower under autocast, which is off here)
-        dtype = pre_act.dtype
-        down_w, conv_w, up_w = (w.to(dtype) for w in (down_w, conv_w, up_w))
-        grad_flat = grad_out.reshape(-1, embed_dims)  # (BHW, C)
-        grad_low = grad_flat.to(dtype)
-        act = F.gelu(pre_act).permute(0, 2, 3, 1).reshape(-1, hidden_dims)
-        grad_up_w = grad_low.t().mm(act) if needs[7] else None
-        grad_up_b = grad_flat.sum(0) if needs[8] else None
-        grad_act = grad_low.mm(up_w).view(act.shape)  # (BHW, r)
-        b, _, h, w = pre_act.shape
-        grad_act = grad_act.view(b, h, w, hidden_dims).permute(0, 3, 1, 2)
+        needs = ctx.needs_input_grad[:1] + ctx.needs_input_grad[2:]  # without the grid
+        grad = _as_map(grad_out.to(pre_act.dtype), ctx.grid)  # (B, C, H, W)
+        grad_act, grad_up_w, grad_up_b = _conv_backward(
+            grad, F.gelu(pre_act), up_w, 0, (True, needs[7], needs[8]))
         grad_pre = torch.ops.aten.gelu_backward(grad_act, pre_act)
-        grad_hidden, grad_conv_w, grad_conv_b = torch.ops.aten.convolution_backward(
-            grad_pre, hidden, conv_w, [hidden_dims], [1, 1], [1, 1], [1, 1],
-            False, [0, 0], 1, [True, needs[5], needs[6]])
-        grad_hidden = grad_hidden.permute(0, 2, 3, 1).reshape(-1, hidden_dims)
-        grad_x = None
-        if needs[0]:  # the residual's gradient plus the branch's
-            if grad_flat.dtype == dtype:
-                grad_x = torch.addmm(grad_flat, grad_hidden, down_w)
-            else:
-                grad_x = grad_flat + grad_hidden.mm(down_w)
-            grad_x = grad_x.view(grad_out.shape)
-        grad_down_w = grad_down_b = None
-        if needs[3]:
-            with torch.no_grad():
-                x = _recompute_norm(ctx.norm, norm_input).reshape(-1, embed_dims)
-            grad_down_w = grad_hidden.t().mm(x.to(dtype))
-        if needs[4]:
-            grad_down_b = grad_hidden.sum(0)
-        if hidden_dims != r:  # the padded channels' gradients are dropped
-            grad_down_w = grad_down_w[:r] if grad_down_w is not None else None
-            grad_down_b = grad_down_b[:r] if grad_down_b is not None else None
-            grad_conv_w = grad_conv_w[:r, :r] if grad_conv_w is not None else None
-            grad_conv_b = grad_conv_b[:r] if grad_conv_b is not None else None
-            grad_up_w = grad_up_w[:, :r] if grad_up_w is not None else None
-        return (grad_x, None, None, grad_down_w, grad_down_b, grad_conv_w,
+        grad_hidden, grad_conv_w, grad_conv_b = _conv_backward(
+            grad_pre, hidden, conv_w, 1, (True, needs[5], needs[6]))
+        if needs[3]:  # the down weight's gradient reads x: recomputed
+            x = recompute_norm(ctx.norm, norm_input)
+            x = _as_map(x if x.shape == grad_out.shape else x.view(grad_out.shape), ctx.grid)
+        else:
+            x = grad  # only its shape is read
+        grad_x, grad_down_w, grad_down_b = _conv_backward(
+            grad_hidden, x.to(grad.dtype), down_w, 0, (needs[0], needs[3], needs[4]))
+        if grad_x is not None:  # the residual's gradient plus the branch's
+            grad_x = _as_layout_of(grad_x.add_(grad), grad_out).to(ctx.input_dtype)
+        return (grad_x, None, None, None, grad_down_w, grad_down_b, grad_conv_w,
                 grad_conv_b, grad_up_w, grad_up_b)
 
 

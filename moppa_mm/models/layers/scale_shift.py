@@ -1,14 +1,7 @@
-"""Learnable per-channel scale & shift (SSF / RLRR style) on a layer's output.
-
-The :class:`ScaleShift` (the parameters) stays registered where the
-checkpoints have always had it (``attn.ssf_value``, ``ffn.ssf_fc1``,
-``patch_embed.ssf_proj``...); the layer whose output it scales becomes a
-subclass whose ``forward`` runs it (:class:`LinearScaleShift`,
-:class:`Conv2dScaleShift`), adopting the layer's own parameters (names
-unchanged), as mmpretrain's ``LoRALinear`` wraps a linear layer. Both fold the
-scale & shift into the layer's weight and bias (:func:`_folded`): one multiply
-of a small tensor, no pass over the activations.
-"""
+"""Learnable per-channel scale & shift (SSF / RLRR style) on a frozen layer's output,
+run by the layer itself (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`), as
+mmpretrain's ``LoRALinear`` runs its branch: folded into the weight and bias, one
+multiply of a small tensor, no pass over the activations."""
 from typing import Optional, Tuple
 
 import torch
@@ -22,91 +15,92 @@ from moppa_mm.operators.tracing import is_capturing
 def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Tensor,
             shift: torch.Tensor, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
-    output channels ``[offset, offset + len(scale))``, the others unchanged
-    (a linear layer's weight (out, in), or a convolution's (out, in, kh, kw))."""
-    out_features = weight.shape[0]
-    if (offset, scale.numel()) != (0, out_features):  # 1 and 0 outside the slice
-        pad = (offset, out_features - offset - scale.numel())
-        scale, shift = F.pad(scale, pad, value=1.0), F.pad(shift, pad)
+    output channels ``[offset, offset + len(scale))`` (weight (out, in, ...))."""
+    scale, shift = _full_width(scale, shift, offset, weight.shape[0])
     folded_weight = weight * scale.view(-1, *[1] * (weight.dim() - 1))  # (out, in, ...)
     return folded_weight, shift if bias is None else torch.addcmul(shift, bias, scale)
 
 
+def _full_width(scale: torch.Tensor, shift: torch.Tensor, offset: int,
+                out_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``scale`` and ``shift`` over all output channels: 1 and 0 elsewhere."""
+    if (offset, scale.numel()) == (0, out_features):
+        return scale, shift
+    pad = (offset, out_features - offset - scale.numel())
+    return F.pad(scale, pad, value=1.0), F.pad(shift, pad)
+
+
 class _LinearScaleShift(torch.autograd.Function):
     """``y = (a W^T + c) * scale + shift`` on output channels ``[offset,
-    offset + d)`` of a frozen linear layer: one matmul with the folded weight
-    and bias. Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as
-    autocast's plain layer keeps its own, else rebuilt), ``grad shift = sum
-    g``, ``grad scale = sum g x`` with the raw output recovered, ``x = (y - c'
-    + scale c) / scale`` (``c'`` the folded bias as the matmul added it). No
-    weight-gradient matmul (autograd's fold needs one), no second activation:
-    the next operation keeps ``y`` anyway (fc1's GELU, attention's q, k, v).
-    No floor on the scale: ``y - c'`` is exact where the two are close
-    (Sterbenz), so each term errs by at most its matmul part ``g (x - c)``:
-    near 0 the gradient can lose that part, never grow past it (at exactly 0
-    it is lost: 0, not NaN)."""
+    offset + d)`` of a frozen linear layer: one matmul, folded weight and bias.
+
+    Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as autocast's
+    plain layer keeps its own, else rebuilt); ``grad shift = sum g``, ``grad
+    scale = sum g (y - r) / scale`` with ``r = c' - c scale`` (the folded bias
+    as the matmul added it, less the raw bias's part): ONE pass over ``g`` and
+    ``y``, batch norm's backward reduction with ``mean = r``, ``invstd = 1 /
+    scale`` (float32 sums; CUDA's AMP batch norm takes the dtypes). No
+    weight-gradient matmul, no activation the next operation does not keep
+    (fc1's GELU, attention's q, k, v keep ``y``). No floor on the scale: ``y -
+    r`` is exact where the two are close (Sterbenz), so near 0 the gradient
+    can lose its matmul part, never grow past it (at exactly 0: 0, not NaN).
+    """
 
     @staticmethod
     def forward(ctx, inputs, weight, bias, scale, shift, offset):
         device = inputs.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(
             device) else torch.promote_types(inputs.dtype, weight.dtype)
-        folded_weight, folded_bias = _folded(weight, bias, scale, shift, offset)
-        folded_weight, folded_bias = folded_weight.to(dtype), folded_bias.to(dtype)
+        full_scale, full_shift = _full_width(scale, shift, offset, weight.shape[0])
+        folded_weight_t = weight.t() * full_scale  # (in, out): W'^T, W's layout
+        folded_bias = full_shift if bias is None else torch.addcmul(full_shift, bias, full_scale)
+        folded_weight_t, folded_bias = folded_weight_t.to(dtype), folded_bias.to(dtype)
         with torch.autocast(device, enabled=False):
-            out = F.linear(inputs.to(dtype), folded_weight, folded_bias)
-        part = slice(offset, offset + scale.numel())
-        if (offset, scale.numel()) != (0, out.shape[-1]):
-            folded_bias, bias = folded_bias[part], None if bias is None else bias[part]
-        # y - recovery = (x - c) scale + c scale = x scale, on the scaled channels
-        recovery = folded_bias if bias is None else \
-            torch.addcmul(folded_bias, bias, scale, value=-1)
-        ctx.part, ctx.input_dtype = part, inputs.dtype
-        ctx.rebuild = folded_weight.dtype == weight.dtype  # not a cast: keep W alone
-        ctx.save_for_backward(out, weight if ctx.rebuild else folded_weight, recovery,
-                              scale, shift)
-        return out
+            out = torch.addmm(folded_bias, inputs.reshape(-1, inputs.shape[-1]).to(dtype),
+                              folded_weight_t)  # (N, out)
+        ctx.offset, ctx.dims, ctx.input_dtype = offset, scale.numel(), inputs.dtype
+        ctx.rebuild = folded_weight_t.dtype == weight.dtype  # not a cast: keep W alone
+        ctx.save_for_backward(out, weight if ctx.rebuild else folded_weight_t, folded_bias,
+                              bias, full_scale)
+        return out.view(*inputs.shape[:-1], out.shape[-1])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        out, weight, recovery, scale, shift = ctx.saved_tensors
+        out, weight_t, folded_bias, bias, scale = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        grad_flat = grad.reshape(out.shape)  # (N, out)
         grad_inputs = grad_scale = grad_shift = None
-        if ctx.needs_input_grad[0]:
-            if ctx.rebuild:
-                weight = _folded(weight, None, scale, shift, ctx.part.start)[0]
-            flat = grad.reshape(-1, grad.shape[-1])  # (N, out)
-            grad_inputs = flat.mm(weight).view(*grad.shape[:-1], -1).to(ctx.input_dtype)
-        if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-            if (ctx.part.start, ctx.part.stop) != (0, out.shape[-1]):
-                grad, out = grad[..., ctx.part], out[..., ctx.part]
-            tokens = tuple(range(grad.dim() - 1))
-            grad_shift = grad.sum(tokens, dtype=scale.dtype)  # (d,)
-            if ctx.needs_input_grad[3]:  # sum g x = sum g (y - recovery) / scale
-                raw = (out - recovery).mul_(grad).sum(tokens, dtype=scale.dtype)
-                grad_scale = raw.div_(scale).nan_to_num_(nan=0.0)  # 0 / 0 at scale 0
+        if needs[3] or needs[4]:
+            stats = torch.float64 if out.dtype == torch.float64 else torch.float32
+            recovery = folded_bias.to(stats) if bias is None else \
+                torch.addcmul(folded_bias, bias, scale, value=-1).to(stats)  # r
+            inv_scale = scale.reciprocal().to(stats)
+            grad_scale, grad_shift = torch.ops.aten.native_batch_norm_backward(
+                grad_flat, out, inv_scale, None, None, recovery, inv_scale, True, 0.0,
+                [False, True, True])[1:]
+            grad_scale = grad_scale.nan_to_num_(nan=0.0)  # 0 / 0 at scale 0
+            if (ctx.offset, ctx.dims) != (0, out.shape[-1]):
+                part = slice(ctx.offset, ctx.offset + ctx.dims)
+                grad_scale, grad_shift = grad_scale[part], grad_shift[part]
+        if needs[0]:
+            if ctx.rebuild:  # the layer's weight (out, in), saved instead of a copy
+                weight_t = weight_t.t() * scale
+            grad_inputs = grad_flat.mm(weight_t.t()).view(*grad.shape[:-1], -1).to(
+                ctx.input_dtype)
         return grad_inputs, None, None, grad_scale, grad_shift, None
 
 
 class ScaleShift(nn.Module):
-    """``y = x * scale + shift`` over ``dims`` channels of a layer's output;
-    identity at init. The layer that runs it folds it into its weight and
-    bias (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`).
-
-    Args:
-        dims (int): Channels scaled and shifted.
-        channel_dim (int): The channel axis of the scaled output: -1 for
-            token tensors (B, N, C), 1 for feature maps (B, C, H, W).
-        offset (int): First channel of the scaled output that is affected
-            (e.g. ``2 * C`` for the value part of a fused qkv projection).
-    """
+    """``y = x * scale + shift`` over ``dims`` output channels of a layer from
+    ``offset`` on (``2 * C``: a fused qkv's value), identity at init; held by
+    that layer as ``ssf_out``."""
 
     enabled = True
 
-    def __init__(self, dims: int, channel_dim: int = -1, offset: int = 0) -> None:
+    def __init__(self, dims: int, offset: int = 0) -> None:
         super().__init__()
         self.dims = dims
-        self.channel_dim = channel_dim
         self.offset = offset
         self.scale = nn.Parameter(torch.ones(dims))
         self.shift = nn.Parameter(torch.zeros(dims))
@@ -116,50 +110,40 @@ class ScaleShift(nn.Module):
         nn.init.zeros_(self.shift)
 
     def extra_repr(self) -> str:
-        return f'dims={self.dims}, channel_dim={self.channel_dim}, offset={self.offset}'
+        return f'dims={self.dims}, offset={self.offset}'
 
 
-def refer_to(module: nn.Module, name: str, target: nn.Module) -> None:
-    """Give ``module`` an attribute ``name`` for ``target`` without registering
-    it as a child: ``target`` stays registered (and named in state dicts)
-    where it is. ``copy.deepcopy`` of a model holding both maps the reference
-    to the copied ``target``."""
-    object.__setattr__(module, name, target)
+class ScaleShiftLayer:
+    """A layer that folds the :class:`ScaleShift` it holds (``ssf_out``) into
+    its weight and bias. :meth:`convert` makes one of a backbone's own layers,
+    in place: its class is swapped, not the layer wrapped, because its weight
+    and bias keep their state-dict keys (the official checkpoints')."""
 
+    ssf_out: ScaleShift
+    BASE: type  # the layer class converted
 
-class _RunsScaleShift:
-    """A layer whose ``forward`` runs a :class:`ScaleShift` registered
-    elsewhere (in the layer's parent); ``print(model)`` names it."""
-
-    scale_shift: ScaleShift
-    scale_shift_name: str
-
-    def _adopt(self, layer: nn.Module, scale_shift: ScaleShift, name: str) -> None:
-        """Take ``layer``'s own parameters (the same objects: optimizers and
-        checkpoints see no change) and its train / eval mode."""
-        self.weight, self.bias = layer.weight, layer.bias
-        self.train(layer.training)
-        refer_to(self, 'scale_shift', scale_shift)
-        self.scale_shift_name = name
-
-    def extra_repr(self) -> str:
-        return f'{super().extra_repr()}, scale_shift={self.scale_shift_name}'
+    @classmethod
+    def convert(cls, layer: nn.Module, offset: int = 0) -> nn.Module:
+        """Make ``layer`` (this class's base, or a subclass such as mmcv's
+        wrappers) scale & shift its output channels from ``offset`` on."""
+        if not isinstance(layer, cls.BASE):
+            raise TypeError(f'{cls.__name__} converts a {cls.BASE.__name__} layer, got '
+                            f'{type(layer).__name__}')
+        out_channels = layer.weight.shape[0]
+        layer.__class__ = cls
+        layer.ssf_out = ScaleShift(out_channels - offset, offset).to(layer.weight.device)
+        return layer
 
     def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The weight and bias with the scale & shift folded in (the layer's
-        own where the adapters are switched off)."""
-        scale_shift = self.scale_shift
-        if not scale_shift.enabled:
+        """The weight and bias, the scale & shift folded in where enabled."""
+        ssf = self.ssf_out
+        if not ssf.enabled:
             return self.weight, self.bias
-        return _folded(self.weight, self.bias, scale_shift.scale, scale_shift.shift,
-                       scale_shift.offset)
+        return _folded(self.weight, self.bias, ssf.scale, ssf.shift, ssf.offset)
 
     def merged_layer(self) -> nn.Module:
-        """The plain layer (``nn.Linear`` / ``nn.Conv2d``) computing the same
-        output with the scale & shift folded into new frozen weights:
-        ``W' = W * scale``, ``c' = c * scale + shift`` on the scaled output
-        channels. This layer's own tensors are left as they are (a base shared
-        with other models stays intact)."""
+        """A plain ``nn.Linear`` / ``nn.Conv2d`` with the folded weights as new
+        frozen tensors (a base shared with other models stays intact)."""
         plain = self._plain_layer()
         with torch.no_grad():
             weight, bias = self.folded()
@@ -169,92 +153,68 @@ class _RunsScaleShift:
         return plain.train(self.training)
 
 
-class LinearScaleShift(_RunsScaleShift, nn.Linear):
-    """``nn.Linear`` with a :class:`ScaleShift` on its output, folded into the
-    weight and bias: one matmul, no pass over the activations. Frozen, with a
-    backward to come, it runs :class:`_LinearScaleShift` (no weight-gradient
-    matmul, no second activation kept); otherwise autograd differentiates it.
+class LinearScaleShift(ScaleShiftLayer, nn.Linear):
+    """``nn.Linear`` with a :class:`ScaleShift` (``ssf_out``) on its output,
+    folded into its weight and bias; frozen, with a backward to come, through
+    :class:`_LinearScaleShift`, else through autograd."""
 
-    Args:
-        linear (nn.Linear): The layer; its ``weight`` and ``bias`` are adopted.
-        scale_shift (ScaleShift): Scales channels ``[offset, offset + dims)``
-            of the output; registered by the caller (in the layer's parent).
-        name (str): ``scale_shift``'s name in the layer's parent, for ``repr``.
-    """
-
-    def __init__(self, linear: nn.Linear, scale_shift: ScaleShift, name: str) -> None:
-        super().__init__(linear.in_features, linear.out_features,
-                         bias=linear.bias is not None, device='meta')
-        self._adopt(linear, scale_shift, name)
+    BASE = nn.Linear
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        scale_shift = self.scale_shift
-        if scale_shift.enabled and self._fused(inputs):
-            return _LinearScaleShift.apply(inputs, self.weight, self.bias, scale_shift.scale,
-                                           scale_shift.shift, scale_shift.offset)
+        ssf = self.ssf_out
+        if ssf.enabled and self._fused(inputs):
+            return _LinearScaleShift.apply(inputs, self.weight, self.bias, ssf.scale, ssf.shift,
+                                           ssf.offset)
         return F.linear(inputs, *self.folded())
 
     def _fused(self, inputs: torch.Tensor) -> bool:
-        """Whether :class:`_LinearScaleShift` runs: a backward will come, the
-        layer is frozen, and the forward is run, not captured (a graph
-        compiler or exporter gets the plain form)."""
-        scale_shift = self.scale_shift
-        if not torch.is_grad_enabled() or is_capturing() or not (
-                inputs.requires_grad or scale_shift.scale.requires_grad
-                or scale_shift.shift.requires_grad):
+        """A backward will come, the layer is frozen, and no exporter records
+        the forward (one gets the plain form; a compiler traces the function)."""
+        ssf = self.ssf_out
+        if not torch.is_grad_enabled() or is_capturing(compilers=False) or not (
+                inputs.requires_grad or ssf.scale.requires_grad or ssf.shift.requires_grad):
             return False
         return not self.weight.requires_grad and (
             self.bias is None or not self.bias.requires_grad)
 
     def _plain_layer(self) -> nn.Linear:
-        return nn.Linear(self.in_features, self.out_features, device='meta')
+        return torch.nn.utils.skip_init(nn.Linear, self.in_features, self.out_features,
+                                        device=self.weight.device)
 
 
-class Conv2dScaleShift(_RunsScaleShift, nn.Conv2d):
-    """``nn.Conv2d`` with a :class:`ScaleShift` (``channel_dim=1``) on its
-    output (the patch embedding's projection); arguments as
-    :class:`LinearScaleShift`'s, ``conv`` the layer."""
+class Conv2dScaleShift(ScaleShiftLayer, nn.Conv2d):
+    """``nn.Conv2d`` with a :class:`ScaleShift` (``ssf_out``) on its output
+    channels (the patch embedding's), folded into its weight and bias. It
+    computes in its weight's dtype, autocast or not: its backward then keeps
+    the images as they come, not a low-precision copy."""
 
-    def __init__(self, conv: nn.Conv2d, scale_shift: ScaleShift, name: str) -> None:
-        super().__init__(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                         conv.padding, conv.dilation, conv.groups, conv.bias is not None,
-                         conv.padding_mode, device='meta')
-        self._adopt(conv, scale_shift, name)
-
-    def _plain_layer(self) -> nn.Conv2d:
-        return nn.Conv2d(self.in_channels, self.out_channels, self.kernel_size, self.stride,
-                         self.padding, self.dilation, self.groups, True,
-                         self.padding_mode, device='meta')
+    BASE = nn.Conv2d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv_forward(x, *self.folded())  # (B, C, H, W)
+        with torch.autocast(x.device.type, enabled=False):
+            return self._conv_forward(x.to(self.weight.dtype), *self.folded())  # (B, C, H, W)
+
+    def _plain_layer(self) -> nn.Conv2d:
+        return torch.nn.utils.skip_init(
+            nn.Conv2d, self.in_channels, self.out_channels, self.kernel_size, self.stride,
+            self.padding, self.dilation, self.groups, True, self.padding_mode,
+            device=self.weight.device)
 
 
-def scale_shift_projection(patch_embed: nn.Module, dims: int) -> None:
-    """Scale & shift the output of ``patch_embed.projection`` (registered as
-    ``patch_embed.ssf_proj``)."""
-    patch_embed.ssf_proj = ScaleShift(dims, channel_dim=1)  # (B, C, H, W) output
-    patch_embed.projection = Conv2dScaleShift(patch_embed.projection,
-                                              patch_embed.ssf_proj, 'ssf_proj')
+def scale_shift_projection(patch_embed: nn.Module) -> None:
+    """Scale & shift the output of ``patch_embed.projection`` (a convolution)."""
+    Conv2dScaleShift.convert(patch_embed.projection)
 
 
 def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
-    """Scale & shift the value part of ``attn.qkv`` (a fused q, k, v
-    projection), ``attn.proj`` and both layers of ``ffn`` (mmcv's ``FFN``), as
-    ``attn.ssf_value``, ``attn.ssf_proj``, ``ffn.ssf_fc1`` and ``ffn.ssf_fc2``;
-    the four linear layers become :class:`LinearScaleShift` that run them."""
-    attn.ssf_value = ScaleShift(dims, offset=2 * dims)  # v of the fused qkv
-    attn.qkv = LinearScaleShift(attn.qkv, attn.ssf_value, 'ssf_value')
-    attn.ssf_proj = ScaleShift(dims)
-    attn.proj = LinearScaleShift(attn.proj, attn.ssf_proj, 'ssf_proj')
+    """Scale & shift the value part of ``attn.qkv`` (q, k, v of ``dims`` each),
+    ``attn.proj`` and both layers of ``ffn`` (mmcv's ``FFN``)."""
+    LinearScaleShift.convert(attn.qkv, offset=2 * dims)  # v of the fused qkv
+    LinearScaleShift.convert(attn.proj)
     attach_ffn_scale_shift(ffn)
 
 
 def attach_ffn_scale_shift(ffn: nn.Module) -> None:
-    """Scale & shift both layers of ``ffn`` (mmcv's ``FFN``) as ``ffn.ssf_fc1``
-    and ``ffn.ssf_fc2``; its two linear layers become :class:`LinearScaleShift`."""
-    fc1, fc2 = ffn.layers[0][0], ffn.layers[1]
-    ffn.ssf_fc1 = ScaleShift(fc1.out_features)
-    ffn.layers[0][0] = LinearScaleShift(fc1, ffn.ssf_fc1, 'ssf_fc1')
-    ffn.ssf_fc2 = ScaleShift(fc2.out_features)
-    ffn.layers[1] = LinearScaleShift(fc2, ffn.ssf_fc2, 'ssf_fc2')
+    """Scale & shift both linear layers of ``ffn`` (mmcv's ``FFN``)."""
+    LinearScaleShift.convert(ffn.layers[0][0])
+    LinearScaleShift.convert(ffn.layers[1])

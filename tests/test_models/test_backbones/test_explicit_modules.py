@@ -126,27 +126,25 @@ def test_deepcopy_and_pickle_give_the_same_model(name):
 def test_print_shows_what_runs_where():
     swin = repr(swin_det())
     assert ' x MoPPASwinBlock(' in swin  # (0-1): 2 x ...
-    assert '(w_msa): MoPPAWindowMSA(' in swin and "window_unit=(the block's moppa)" in swin
-    assert '(moppa): SwinMoPPAUnit(scope=window,' in swin
+    assert '(w_msa): MoPPAWindowMSA(' in swin and '(moppa): SwinMoPPAUnit(scope=window,' in swin
     assert '(conv_adapter): SwinConvAdapter(' in swin
-    assert '(qkv): LinearScaleShift(in_features=16, out_features=48, bias=True, ' \
-        'scale_shift=ssf_value)' in swin
-    assert '(projection): Conv2dScaleShift(3, 16, ' in swin and 'scale_shift=ssf_proj' in swin
+    assert '(qkv): LinearScaleShift(' in swin and 'ScaleShift(dims=16, offset=32)' in swin
+    assert '(projection): Conv2dScaleShift(' in swin and '3, 16, kernel_size=(4, 4)' in swin
     assert 'SwinMoPPAUnit(scope=global,' in repr(swin_det(moppa_scope='global'))
     assert ' x MoPPASwinBlockCls(' in repr(swin_cls())
     vit_repr = repr(vit())
     assert ' x MoPPAEncoderLayer(' in vit_repr and '(moppa): ViTMoPPAUnit(' in vit_repr
-    assert '(0): LinearScaleShift(in_features=32, out_features=64, bias=True, ' \
-        'scale_shift=ssf_fc1)' in vit_repr
+    assert '(0): LinearScaleShift(' in vit_repr and '(ssf_out): ScaleShift(dims=64, ' \
+        'offset=0)' in vit_repr
 
 
 def test_tracebacks_name_the_module_that_runs_the_adapter():
     """A unit that fails is reached through the block's and the window
     attention's own forwards."""
     model = swin_det().eval()
-    unit = model.stages[0].blocks[0].moppa
+    unit = model.stages[0].blocks[0].attn.w_msa.moppa
 
-    def fail(windows, grid):
+    def fail(windows, grid, **kwargs):
         raise RuntimeError('unit failed')
 
     unit.forward = fail
@@ -154,7 +152,7 @@ def test_tracebacks_name_the_module_that_runs_the_adapter():
         with torch.no_grad():
             model(torch.randn(1, 3, 64, 64))
     frames = [entry.name for entry in info.traceback]
-    assert frames.index('forward_inner') < frames.index('forward_windows')
+    assert frames.index('forward_inner') < frames.index('forward_tokens')
 
 
 @pytest.mark.parametrize('name', ['swin_det_window', 'vit'])

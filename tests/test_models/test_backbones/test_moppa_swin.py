@@ -59,7 +59,7 @@ def test_bypassed_adapters_give_plain_swin_exactly(scope):
 def test_window_unit_sees_the_attention_windows():
     _, moppa = plain_and_moppa()
     seen = []
-    unit = moppa.stages[0].blocks[1].moppa  # a shifted block
+    unit = moppa.stages[0].blocks[1].attn.w_msa.moppa  # a shifted block's
     unit.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
     with torch.no_grad():
         moppa(torch.randn(1, 3, 60, 90))  # 15x23 tokens -> padded to 21x28
@@ -120,11 +120,11 @@ def test_trainable_set_and_init_weights_keep_adapters_neutral():
         assert (param.grad is not None) == param.requires_grad, name
     # the shipped units start as Eq. 11 (init_mode='paper'): no gate, and every
     # expert's parameters get a gradient at step 0
-    unit = moppa.stages[0].blocks[0].moppa
+    unit = moppa.stages[0].blocks[0].attn.w_msa.moppa
     assert not hasattr(unit, 'gate')
-    for name in ('heat_coef', 'heat_time', 'wave_coef', 'wave_time', 'source_freq',
-                 'source_channel'):
-        assert getattr(unit, name).grad.abs().sum() > 0, name
+    for name in ('frequency_maps', 'channel_maps'):
+        for row, grad in enumerate(getattr(unit, name).grad):  # every expert's
+            assert grad.abs().sum() > 0, (name, row)
     assert moppa.stages[0].blocks[0].conv_adapter.up.weight.grad.abs().sum() > 0
 
 
@@ -132,8 +132,8 @@ def test_trainable_set_and_init_weights_keep_adapters_neutral():
 def test_lean_conv_adapter_matches_plain_autograd(with_cp):
     """In the backbone, the conv adapter's memory-lean backward (norm2's output
     recomputed) gives the gradients that plain autograd gives."""
-    torch.manual_seed(0)
-    lean = MoPPASwinTransformer(**TINY, with_cp=with_cp, random_base=True)
+    torch.manual_seed(0)  # no drop path: both runs must see the same network
+    lean = MoPPASwinTransformer(**TINY, with_cp=with_cp, drop_path_rate=0.0, random_base=True)
     with torch.no_grad():
         for module in lean.modules():
             if isinstance(module, SwinConvAdapter):
@@ -141,11 +141,10 @@ def test_lean_conv_adapter_matches_plain_autograd(with_cp):
     plain = copy.deepcopy(lean)
     for module in plain.modules():
         if isinstance(module, SwinConvAdapter):  # the reference: plain forward
-            module.forward_after_norm = lambda x, src, norm, m=module: m(x)
+            module.forward_after_norm = lambda x, src, norm, grid, m=module: m(x, grid)
     seen = []
     lean.stages[1].blocks[1].ffn.register_forward_pre_hook(  # the adapter's output
-        lambda m, args: seen.append(args[0].grad_fn and  # a view of the adapter's
-                                    args[0].grad_fn.next_functions[0][0].name()))
+        lambda m, args: seen.append(args[0].grad_fn and args[0].grad_fn.name()))
     x = torch.randn(1, 3, 64, 64, requires_grad=with_cp)
     grads = []
     for model in (lean, plain):
@@ -189,16 +188,14 @@ def test_deepcopy_gives_the_copy_its_own_adapters():
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         before = moppa(x)
-        clone.stages[0].blocks[0].moppa.route_logits.copy_(
+        clone.stages[0].blocks[0].attn.w_msa.moppa.route_logits.copy_(
             torch.tensor([2.0, -1.0, 0.5]))
         after = moppa(x)
         changed = clone(x)
     torch.testing.assert_close(before[0], after[0])  # original untouched
     assert not torch.allclose(changed[0], before[0])  # the clone uses its unit
-    w_msa = clone.stages[0].blocks[0].attn.w_msa
-    assert w_msa.window_unit is clone.stages[0].blocks[0].moppa
-    assert w_msa.qkv.scale_shift is w_msa.ssf_value
-    assert clone.patch_embed.projection.scale_shift is clone.patch_embed.ssf_proj
+    originals = dict(moppa.named_modules())
+    assert not any(module is originals[name] for name, module in clone.named_modules())
 
 
 def test_swin_b_budget_matches_paper():
@@ -275,7 +272,8 @@ def test_block_forward_is_written_out(scope):
         torch.testing.assert_close(block(x, hw_shape), expected)
         if scope == 'window':  # the unit runs on the attention's windows
             seen = []
-            block.moppa.register_forward_hook(lambda m, i, o: seen.append(i[0].shape))
+            block.attn.w_msa.moppa.register_forward_hook(
+                lambda m, i, o: seen.append(i[0].shape))
             block(x, hw_shape)
             assert seen == [torch.Size([2 * 2 * 2, 7 * 7, 16])]  # (B*nW, Wh*Ww, C)
 
@@ -305,3 +303,43 @@ def test_adapters_of_another_model_are_named_as_such():
     _, moppa = plain_and_moppa()
     with pytest.raises(PretrainedMismatchError, match='none of this model.*another model'):
         moppa.load_state_dict(vit_adapters, strict=False)
+
+
+@pytest.mark.parametrize('scope', ['window', 'global'])
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_each_stage_builds_its_units_filters_once_per_forward(scope, with_cp, monkeypatch):
+    """A training forward builds the filters and fields of a stage's units in
+    one stacked set of operations (one build per stage), and gives the outputs
+    and gradients that each unit building its own gives; checkpointed blocks
+    too, whose recompute in backward builds each unit's own."""
+    from moppa_mm.models.backbones import swin_adapters
+    from moppa_mm.operators import MoPPAUnit
+    torch.manual_seed(0)
+    model = MoPPASwinTransformer(**TINY, moppa_scope=scope, with_cp=with_cp,
+                                 drop_path_rate=0.0, random_base=True)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn_like(param))
+    builds = []
+    build = MoPPAUnit.filter_and_field
+    monkeypatch.setattr(MoPPAUnit, 'filter_and_field',
+                        lambda unit, *a, **k: builds.append(unit) or build(unit, *a, **k))
+    x = torch.randn(1, 3, 64, 96, requires_grad=True)
+    results = []
+    for shared in (True, False):
+        if not shared:  # every unit its own filter and field
+            monkeypatch.setattr(swin_adapters, 'shared_unit_terms', lambda *args: None)
+        model.zero_grad()
+        builds.clear()
+        outs = model(x)
+        if shared and not with_cp:
+            assert len(builds) == len(model.stages)  # one stacked build per stage
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
+        results.append((outs, {n: p.grad.clone() for n, p in model.named_parameters()
+                               if p.requires_grad}))
+    (outs, grads), (own_outs, own_grads) = results
+    for out, own in zip(outs, own_outs):
+        torch.testing.assert_close(out, own)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, own_grads[name], msg=name)

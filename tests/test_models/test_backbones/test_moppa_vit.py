@@ -150,22 +150,22 @@ def test_bad_arguments():
 
 
 def test_scale_shift_touches_only_its_slice():
-    from moppa_mm.models.layers import ScaleShift
     from moppa_mm.models.layers.scale_shift import Conv2dScaleShift, LinearScaleShift
-    value = ScaleShift(4, offset=8)  # the v part of a fused qkv of 3 x 4
+    qkv, x = torch.nn.Linear(6, 12), torch.randn(2, 5, 6)
+    plain = qkv(x)
+    value = LinearScaleShift.convert(qkv, offset=8).ssf_out  # the v part of a qkv of 3 x 4
     with torch.no_grad():
         value.scale.copy_(torch.tensor([2.0, 3.0, 4.0, 5.0]))
         value.shift.fill_(1.0)
-    qkv, x = torch.nn.Linear(6, 12), torch.randn(2, 5, 6)
-    plain, y = qkv(x), LinearScaleShift(qkv, value, 'ssf_value')(x)
+    y = qkv(x)
     torch.testing.assert_close(y[..., :8], plain[..., :8])
     torch.testing.assert_close(y[..., 8:], plain[..., 8:] * value.scale + 1.0)
-    channel_first = ScaleShift(3, channel_dim=1)
-    with torch.no_grad():
-        channel_first.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
     conv, z = torch.nn.Conv2d(2, 3, 1), torch.randn(2, 2, 4, 4)
-    torch.testing.assert_close(Conv2dScaleShift(conv, channel_first, 'ssf_proj')(z),
-                               conv(z) * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
+    plain = conv(z)
+    channels = Conv2dScaleShift.convert(conv).ssf_out  # (B, C, H, W): channel axis 1
+    with torch.no_grad():
+        channels.scale.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(conv(z), plain * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
 
 
 def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one():
@@ -184,7 +184,7 @@ def test_scale_shift_keeps_no_activation_of_its_own_where_the_next_op_keeps_one(
 
     def pack(tensor):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params and tensor.dim() == 3:
+        if storage.data_ptr() not in params and tensor.dim() >= 2:
             widths.setdefault(tensor.shape[-1], set()).add(storage.data_ptr())
         return tensor
 
@@ -215,11 +215,11 @@ def test_checkpoint_at_224_loads_into_384():
     at_384 = MoPPAVisionTransformer(arch=arch, img_size=384, patch_size=16)
     saved = at_224.state_dict()
     at_384.load_state_dict(saved)  # strict; pos_embed is resized by mmpretrain
-    for name in ('heat_coef', 'wave_coef', 'source_freq'):
-        key = f'layers.0.moppa.{name}'
-        assert saved[key].shape == (14, 14, 4)
-        expected = resize_frequency_map(saved[key].permute(2, 0, 1), (24, 24))
-        torch.testing.assert_close(at_384.state_dict()[key], expected.permute(1, 2, 0),
+    key = 'layers.0.moppa.frequency_maps'
+    assert saved[key].shape == (3, 14, 14, 4)  # k, c, H1
+    for row in range(3):
+        expected = resize_frequency_map(saved[key][row].permute(2, 0, 1), (24, 24))
+        torch.testing.assert_close(at_384.state_dict()[key][row], expected.permute(1, 2, 0),
                                    atol=0, rtol=0)
 
 
@@ -252,7 +252,7 @@ def test_unit_on_tokens_equals_split_unit_concatenation(img_size, autocast):
     unit = model.layers[0].moppa
     with torch.no_grad():
         unit.gate.uniform_(0.5, 1.5)  # 0 at init: the unit would be the identity
-        unit.source_channel.normal_(0, 1)
+        unit.expert_maps('poisson')[1].normal_(0, 1)
     model.train()
     h, w = unit.grid_size
     x = torch.randn(2, 1 + h * w, 32, requires_grad=True)

@@ -7,22 +7,21 @@ import pytest
 import torch
 import torch.nn as nn
 
-from moppa_mm.models.layers import ScaleShift
 from moppa_mm.models.layers.scale_shift import (Conv2dScaleShift, LinearScaleShift,
                                                 _LinearScaleShift)
 
 
-def fused_and_reference(out_features=12, dims=None, offset=0, bias=True, seed=0,
-                        dtype=torch.float32):
-    """A frozen linear layer running a scale & shift (:class:`LinearScaleShift`
-    adopting its parameters), and the reference computation."""
+def fused_and_reference(out_features=12, offset=0, bias=True, seed=0, dtype=torch.float32):
+    """A frozen linear layer converted to run a scale & shift of its output
+    channels from ``offset`` on, its :class:`ScaleShift`, and the reference
+    computation."""
     torch.manual_seed(seed)
     linear = nn.Linear(8, out_features, bias=bias).to(dtype).requires_grad_(False)
-    ssf = ScaleShift(dims or out_features, offset=offset).to(dtype)
+    linear = LinearScaleShift.convert(linear, offset)
+    ssf = linear.ssf_out.to(dtype)
     with torch.no_grad():
         ssf.scale.uniform_(0.5, 1.5)
         ssf.shift.normal_()
-    linear = LinearScaleShift(linear, ssf, 'ssf')
 
     def reference(x):  # the scaled channels of the output, computed apart
         out = nn.functional.linear(x, linear.weight, linear.bias)
@@ -41,12 +40,12 @@ def grads(fn, x, ssf, upstream):
     return out.detach(), x.grad, ssf.scale.grad.clone(), ssf.shift.grad.clone()
 
 
-@pytest.mark.parametrize('offset,dims,bias', [(0, None, True), (8, 4, True),
-                                              (4, 4, False)])
-def test_fused_equals_autograd(offset, dims, bias):
-    linear, ssf, reference = fused_and_reference(dims=dims, offset=offset, bias=bias)
+@pytest.mark.parametrize('offset,out_features,bias', [(0, 12, True), (8, 12, True),
+                                                      (4, 8, False)])
+def test_fused_equals_autograd(offset, out_features, bias):
+    linear, ssf, reference = fused_and_reference(out_features, offset=offset, bias=bias)
     x = torch.randn(3, 5, 8)
-    upstream = torch.randn(3, 5, 12)
+    upstream = torch.randn(3, 5, out_features)
     fused = grads(linear, x, ssf, upstream)
     expected = grads(reference, x, ssf, upstream)
     for got, want in zip(fused, expected):
@@ -54,7 +53,7 @@ def test_fused_equals_autograd(offset, dims, bias):
 
 
 def test_fused_gradcheck():
-    linear, ssf, _ = fused_and_reference(dims=4, offset=8, dtype=torch.float64)
+    linear, ssf, _ = fused_and_reference(offset=8, dtype=torch.float64)
     x = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda a, s, b: _LinearScaleShift.apply(a, linear.weight, linear.bias, s, b, 8),
@@ -62,16 +61,17 @@ def test_fused_gradcheck():
 
 
 def test_fused_path_is_taken_and_keeps_only_the_output():
-    """The fused path runs (one saved activation, the output, which the next
-    operation keeps too): the 3-channel-wide raw output is not kept."""
+    """The fused path runs (one saved activation, the output as the matmul
+    made it (N, out), which the next operation keeps too): the raw output is
+    not kept."""
     linear, ssf, _ = fused_and_reference(out_features=12)
-    x = torch.randn(4, 8, requires_grad=True)
+    x = torch.randn(3, 5, 8, requires_grad=True)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(
             lambda t: saved.append(t) or t, lambda t: t):
         out = linear(x)
     assert type(out.grad_fn).__name__ == '_LinearScaleShiftBackward'
-    activations = [t for t in saved if t.shape == out.shape]
+    activations = [t for t in saved if t.numel() == out.numel()]
     assert len(activations) == 1 and activations[0].data_ptr() == out.data_ptr()
     # in the layer's dtype the folded weight is rebuilt in backward, not kept
     weights = [t for t in saved if t.shape == linear.weight.shape]
@@ -143,7 +143,7 @@ def test_no_grad_folds_into_the_weights():
             ops.append(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
-    linear, ssf, reference = fused_and_reference(dims=4, offset=8)
+    linear, ssf, reference = fused_and_reference(offset=8)
     x, ops = torch.randn(16, 8), []
     with torch.no_grad():
         with Ops():
@@ -168,39 +168,90 @@ def test_autocast_bfloat16():
         torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
 
 
-def test_deepcopy_rebinds_the_scale_shift():
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_autocast_low_precision_gradients_in_one_pass(dtype):
+    """Under bfloat16 and float16 autocast the scale & shift gradients come
+    from one reduction over the gradient and the output (batch norm's), with
+    float32 sums: close to float32 autograd's, in the parameters' dtype."""
+    linear, ssf, reference = fused_and_reference(out_features=24, offset=8)
+    x, upstream = torch.randn(64, 8), torch.randn(64, 24)
+    with torch.autocast('cpu', dtype=dtype):
+        out = linear(x.requires_grad_(True))
+    assert out.dtype == dtype
+    ops = []
+
+    class Ops(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        out.backward(upstream.to(dtype))
+    assert ops.count('native_batch_norm_backward') == 1 and 'sum' not in ops, ops
+    fused = (ssf.scale.grad.clone(), ssf.shift.grad.clone())
+    ssf.zero_grad()
+    reference(x.detach()).backward(upstream)
+    for got, want in zip(fused, (ssf.scale.grad, ssf.shift.grad)):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0.02, atol=0.05)
+
+
+def test_deepcopy_copies_the_scale_shift():
     linear, ssf, _ = fused_and_reference()
-    holder = nn.Module()
-    holder.linear, holder.ssf = linear, ssf
-    twin = copy.deepcopy(holder)
+    twin = copy.deepcopy(linear)
     with torch.no_grad():
-        twin.ssf.shift.add_(1.0)
+        twin.ssf_out.shift.add_(1.0)
     x = torch.randn(2, 8)
     with torch.no_grad():
-        torch.testing.assert_close(twin.linear(x), holder.linear(x) + 1.0)
-    assert twin.linear.scale_shift is twin.ssf
+        torch.testing.assert_close(twin(x), linear(x) + 1.0)
     assert set(dict(twin.named_parameters())) == {
-        'linear.weight', 'linear.bias', 'ssf.scale', 'ssf.shift'}
+        'weight', 'bias', 'ssf_out.scale', 'ssf_out.shift'}
 
 
-def test_adopted_layers_keep_their_parameters_and_show_their_scale_shift():
-    """The layer that runs a scale & shift holds the original layer's weight
-    and bias (the same Parameters), registers nothing else, and names the
-    scale & shift it runs in ``repr``."""
-    linear = nn.Linear(8, 12)
-    ssf = ScaleShift(4, offset=8)
-    adopted = LinearScaleShift(linear, ssf, 'ssf_value')
-    assert adopted.weight is linear.weight and adopted.bias is linear.bias
-    assert dict(adopted.named_parameters()).keys() == {'weight', 'bias'}
-    assert 'scale_shift=ssf_value' in repr(adopted)
+def test_converted_layers_keep_their_parameters_and_show_their_scale_shift():
+    """The converted layer is the same object with the same weight and bias
+    (names and Parameters: checkpoints and optimizers see no change), plus its
+    scale & shift, which ``repr`` shows; mmcv's ``Linear`` wrapper converts
+    too, anything else is refused."""
+    from mmcv.cnn.bricks.wrappers import Linear as MMCVLinear
+    linear = MMCVLinear(8, 12)
+    weight = linear.weight
+    converted = LinearScaleShift.convert(linear, offset=8)
+    assert converted is linear and converted.weight is weight
+    assert list(dict(converted.named_parameters())) == [
+        'weight', 'bias', 'ssf_out.scale', 'ssf_out.shift']
+    assert '(ssf_out): ScaleShift(dims=4, offset=8)' in repr(converted)
     conv = nn.Conv2d(3, 4, 2, stride=2)
-    conv_ssf = ScaleShift(4, channel_dim=1)
-    with torch.no_grad():
-        conv_ssf.scale.fill_(2.0)
-    projection = Conv2dScaleShift(conv, conv_ssf, 'ssf_proj')
-    assert projection.weight is conv.weight and 'scale_shift=ssf_proj' in repr(projection)
     x = torch.randn(1, 3, 4, 4)
     with torch.no_grad():
-        torch.testing.assert_close(projection(x), conv(x) * 2.0)
-        conv_ssf.enabled = False
-        torch.testing.assert_close(projection(x), conv(x))
+        plain = conv(x)
+        projection = Conv2dScaleShift.convert(conv)
+        projection.ssf_out.scale.fill_(2.0)
+        torch.testing.assert_close(projection(x), plain * 2.0)
+        projection.ssf_out.enabled = False
+        torch.testing.assert_close(projection(x), plain)
+    with pytest.raises(TypeError, match='LinearScaleShift converts a Linear layer, got Conv2d'):
+        LinearScaleShift.convert(nn.Conv2d(3, 4, 1))
+
+
+def test_the_patch_embedding_keeps_the_images_not_a_copy_under_autocast():
+    """The scaled convolution computes in its weight's dtype under autocast:
+    float32 output, and its backward keeps the images themselves (no
+    low-precision copy of the input); eager float32's gradients."""
+    torch.manual_seed(0)
+    conv = Conv2dScaleShift.convert(nn.Conv2d(3, 8, 4, stride=4).requires_grad_(False))
+    with torch.no_grad():
+        conv.ssf_out.scale.uniform_(0.5, 1.5)
+    images = torch.randn(2, 3, 16, 16)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = conv(images)
+    assert out.dtype == torch.float32
+    kept = [t for t in saved if t.shape == images.shape]
+    assert len(kept) == 1 and kept[0] is images
+    out.square().sum().backward()
+    grad = conv.ssf_out.scale.grad.clone()
+    conv.ssf_out.scale.grad = None
+    conv(images).square().sum().backward()
+    torch.testing.assert_close(grad, conv.ssf_out.scale.grad)
