@@ -34,7 +34,7 @@ def base_file(build, tmp_path):
 
 @pytest.mark.parametrize('name', list(MODELS))
 def test_training_a_random_frozen_base_stops_with_the_ways_out(name):
-    build, size = MODELS[name]
+    build, size, _ = MODELS[name]
     model = build()
     assert 'random (no base loaded)' in model.parameter_report()
     assert 'pre-trained' not in model.parameter_report()
@@ -53,7 +53,7 @@ def test_training_a_random_frozen_base_stops_with_the_ways_out(name):
 
 @pytest.mark.parametrize('name', ['swin_det_window', 'vit'])
 def test_a_base_from_init_cfg_or_a_checkpoint_lets_it_train(name, tmp_path):
-    build, size = MODELS[name]
+    build, size, _ = MODELS[name]
     init_cfg, state = base_file(build, tmp_path)
     built_with = build(init_cfg=init_cfg)
     assert built_with.pretrained_base and 'random' not in built_with.parameter_report()
@@ -68,7 +68,7 @@ def test_a_base_from_init_cfg_or_a_checkpoint_lets_it_train(name, tmp_path):
 
 
 def test_a_missing_base_file_warns_when_built_and_stops_training(tmp_path):
-    build, size = MODELS['vit']
+    build, size, _ = MODELS['vit']
     missing = str(tmp_path / 'nowhere.pth')
     with logged_messages() as messages:
         model = build(init_cfg=dict(type='Pretrained', checkpoint=missing))
