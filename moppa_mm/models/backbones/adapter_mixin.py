@@ -1,11 +1,9 @@
 """What the MoPPA backbones share: :class:`AdapterMixin`, their build and merge.
 
-Each other concern is a module one hop away: the route loss (:mod:`.route_loss`,
-the mixin's base), which parameters are adapters (:mod:`.adapter_params`), the
-record every checkpoint carries (:mod:`.adapter_record`), the hooks on the model
-that holds the backbone (:mod:`.model_hooks`, put there through torch's
-module-registration hook :func:`_hook_the_model`), the one load check
-(:mod:`.load_check`), the checks as training starts (:mod:`.training_checks`).
+The other concerns are one hop away: :mod:`.route_loss` (the mixin's base),
+:mod:`.adapter_params`, :mod:`.adapter_record`, :mod:`.model_hooks` (put on the
+model through torch's module-registration hook, :func:`_hook_the_model`),
+:mod:`.load_check`, :mod:`.training_checks`.
 """
 import logging
 import os.path as osp
@@ -44,11 +42,9 @@ class AdapterMixin(RouteLossMixin):
     merge. A subclass calls :meth:`_pop_adapter_args` before the base
     ``__init__``, adds its adapters after it, then :meth:`_finish_build` and
     :meth:`_build_base`; it provides ``arch_record()`` and ``adapter_options()``
-    (:mod:`.adapter_record`) and sets the class attributes below.
-    ``params_not_in_base`` (patterns, set before :meth:`_finish_build`) are
-    base-class parameters no pre-trained base has (mmpretrain ViT's ``ln2``
-    under ``out_type='avg_featmap'``): they train and are saved with the
-    adapters, and a base may lack them.
+    (:mod:`.adapter_record`). ``params_not_in_base``: patterns of base-class
+    parameters no pre-trained base has (mmpretrain ViT's ``ln2`` under
+    ``out_type='avg_featmap'``): they train and are saved with the adapters.
 
     Args of the backbones:
         freeze_pretrained (bool): Freeze all but the adapters when built, so
@@ -80,11 +76,9 @@ class AdapterMixin(RouteLossMixin):
     held_by: Optional[model_hooks.HeldBy] = None  # the model it hooks (model_hooks.attach)
 
     def _pop_adapter_args(self, kwargs: dict, own: Dict[str, Any]) -> MoPPAConfig:
-        """The one check of the backbone's arguments (``own``: its ``locals()``;
-        ``kwargs``: the base class's; :func:`.arguments.check_arguments` and
-        :meth:`_refuse_uncovered`), and the units' options (returned); an
-        attribute-style ``init_cfg`` for the base class (mmdet's Swin reads
-        ``init_cfg.checkpoint``)."""
+        """Check the arguments (``own``: the ``__init__``'s ``locals()``; ``kwargs``:
+        the base class's) and return the units' options; an attribute-style
+        ``init_cfg`` for the base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
         check_arguments(type(self), own, kwargs)
         self._refuse_uncovered(kwargs)
         if isinstance(kwargs.get('init_cfg'), dict):
@@ -163,11 +157,10 @@ class AdapterMixin(RouteLossMixin):
         return init_cfg['checkpoint'], init_cfg.get('prefix')
 
     def init_weights(self) -> None:
-        """The base ``init_cfg`` names: the one read when built, copied back
-        (the model around may have initialised it over), else loaded (a local
-        file gone since leaves it as it is); or the base classes' init without
-        one; then the adapters' init. Logs the parameter table when the base
-        comes."""
+        """The base ``init_cfg`` names: the one read when built, copied back (the
+        model around may have initialised over it), else loaded (a local file gone
+        since leaves it); or the base classes' init without one; then the adapters'
+        init. Logs the parameter table when the base comes."""
         self._refuse_if_merged('cannot be initialised again')
         checkpoint, prefix = self.configured_base()
         came = self._base is None
@@ -184,7 +177,7 @@ class AdapterMixin(RouteLossMixin):
         for module in self._adapters():
             module.reset_parameters()
         if came:
-            print_log('\n' + self.parameter_report(), logger='current')
+            print_log('\n' + parameter_report(self), logger='current')
         self.is_init = True
 
     def _base_tensors(self):
@@ -252,11 +245,9 @@ class AdapterMixin(RouteLossMixin):
     # ----------------------------------------------------------------- merging
     def merge_adapters(self) -> 'AdapterMixin':
         """Fold the adapters in for inference, in place; returns the backbone.
-        Every scale & shift goes into the weights of the layer whose output it
-        scales (plain ``nn.Linear`` / ``nn.Conv2d`` then); every unit's filter
-        and field become constants (:meth:`MoPPAUnit.merge_`); the Swin's 3x3
-        conv adapters stay (nothing to fold into). One-way: it cannot train or
-        load an unmerged checkpoint; its checkpoints are whole, recorded as
+        Each scale & shift goes into its layer's weights (a plain ``nn.Linear`` /
+        ``nn.Conv2d`` then), each unit's filter and field become constants; the
+        Swin's conv adapters stay. One-way: its checkpoints are whole, recorded as
         merged, and load into a model built with ``merged=True``."""
         if self.merged:
             return self
@@ -282,19 +273,13 @@ class AdapterMixin(RouteLossMixin):
                                'config and load the unmerged checkpoint to train it')
 
     def extra_repr(self) -> str:
-        """The base class's, the model's hooks for the backbone
-        (:mod:`.model_hooks`) and the waiting first-step check
-        (:mod:`.training_checks`)."""
+        """The base class's, the model's hooks and the waiting first-step check."""
         held = self.held_by
         lines = [super().extra_repr()] + [f'{name}=({value})' for name, value in (
             ('model_hooks', held and f'{held.model}.{held.name}: loss_route into the loss '
              'dict; adapter-only save, record and digest; the load check'),
             ('first_step_check', training_checks.waiting_check(self))) if value]
         return '\n'.join(line for line in lines if line)
-
-    def parameter_report(self) -> str:
-        """:func:`~.adapter_params.parameter_report`, logged when the base comes."""
-        return parameter_report(self)
 
 
 _MODELS_HOOK: List[RemovableHandle] = []

@@ -17,7 +17,7 @@ from moppa_mm.operators import MoPPAUnit, unit_terms
 from moppa_mm.utils.errors import InputValueError
 from moppa_mm.utils.params import short_repr
 from ..layers import ScaleShift
-from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
+from ..layers.scale_shift import Conv2dScaleShift, attach_scale_shift
 from .adapter_mixin import AdapterMixin
 
 
@@ -76,21 +76,16 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 class ViTAdapterMixin(AdapterMixin):
     """The MoPPA ViT, mixed into a package's ``VisionTransformer`` (before
     it). The package's ViT builds its layers itself: after its ``__init__``
-    every layer becomes an instance of its MoPPA subclass in place
+    every layer's class is swapped in place for its MoPPA subclass
     (``LAYER_CLASSES``, whose forward runs the unit; the same module, so base
-    parameter names stay the checkpoints' keys) and gets a MoPPA unit
-    before self-attention, on the patch-token grid (extra tokens such as the
-    class token pass unchanged), plus scale & shift (RLRR/SSF style, paper
-    supplementary) on the patch embedding, the attention
-    (:meth:`_attach_scale_shift`) and both MLP layers. Base parameter names are
-    unchanged: the package's checkpoints (mmpretrain's, timm's and JAX's
-    through ``tools/model_converters/vit_to_mmpretrain.py``; mmseg's) load as they are.
-
-    The units need the patch grid, which only the patch embedding knows (63
-    tokens may be 7 x 9 or 9 x 7): the package's class writes out its ``forward``
-    with the grid handed to every layer. Like mmpretrain's ViT it has
-    ``num_extra_tokens`` and ``patch_resolution``, the patch grid at ``img_size``
-    (the units' reference grid; other grids resize the frequency maps).
+    parameter names stay the checkpoints' keys: mmpretrain's, timm's and JAX's
+    through ``tools/model_converters/vit_to_mmpretrain.py``, mmseg's). Each
+    layer gets a MoPPA unit before self-attention, on the patch-token grid at
+    ``img_size`` (extra tokens pass unchanged), plus scale & shift (RLRR/SSF
+    style, paper supplementary) on the patch embedding, the attention
+    (:meth:`_attach_scale_shift`) and both MLP layers. The units need the patch
+    grid, which only the patch embedding knows (63 tokens may be 7 x 9 or 9 x
+    7): the package's class writes out its ``forward`` with the grid.
 
     Args:
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
@@ -133,7 +128,7 @@ class ViTAdapterMixin(AdapterMixin):
             if use_scale_shift:
                 self._attach_scale_shift(layer)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed)
+            Conv2dScaleShift.convert(self.patch_embed.projection)
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)
@@ -164,14 +159,12 @@ class ViTAdapterMixin(AdapterMixin):
 
 @MODELS.register_module()
 class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
-    """mmpretrain's ``VisionTransformer`` (all its arguments) with the adapters
-    and arguments of :class:`ViTAdapterMixin`, whose defaults it keeps: MoPPA
-    units, scale & shift on the attention's value and output projections too.
-    ``frozen_stages`` freezes the adapters inside the frozen parts too. With
+    """mmpretrain's ``VisionTransformer`` (all its arguments) with the adapters,
+    arguments and defaults of :class:`ViTAdapterMixin`. ``frozen_stages``
+    freezes the adapters inside the frozen parts too. With
     ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm of the
     pooled patch tokens, ``ln2``, which no pre-trained base has: it trains with
-    the adapters (``params_not_in_base``; the parameter table and the adapter
-    record name it), and a base without it loads.
+    the adapters (``params_not_in_base``), and a base without it loads.
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}

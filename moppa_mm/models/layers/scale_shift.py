@@ -12,15 +12,6 @@ from torch.autograd.function import once_differentiable
 from moppa_mm.operators.tracing import is_capturing
 
 
-def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Tensor,
-            shift: torch.Tensor, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
-    output channels ``[offset, offset + len(scale))`` (weight (out, in, ...))."""
-    scale, shift = _full_width(scale, shift, offset, weight.shape[0])
-    folded_weight = weight * scale.view(-1, *[1] * (weight.dim() - 1))  # (out, in, ...)
-    return folded_weight, shift if bias is None else torch.addcmul(shift, bias, scale)
-
-
 def _full_width(scale: torch.Tensor, shift: torch.Tensor, offset: int,
                 out_features: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``scale`` and ``shift`` over all output channels: 1 and 0 elsewhere."""
@@ -36,14 +27,11 @@ class _LinearScaleShift(torch.autograd.Function):
 
     Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as autocast's
     plain layer keeps its own, else rebuilt); ``grad shift = sum g``, ``grad
-    scale = sum g (y - r) / scale`` with ``r = c' - c scale`` (the folded bias
-    as the matmul added it, less the raw bias's part): ONE pass over ``g`` and
-    ``y``, batch norm's backward reduction with ``mean = r``, ``invstd = 1 /
-    scale`` (float32 sums; CUDA's AMP batch norm takes the dtypes). No
-    weight-gradient matmul, no activation the next operation does not keep
-    (fc1's GELU, attention's q, k, v keep ``y``). No floor on the scale: ``y -
-    r`` is exact where the two are close (Sterbenz), so near 0 the gradient
-    can lose its matmul part, never grow past it (at exactly 0: 0, not NaN).
+    scale = sum g (y - r) / scale`` with ``r = c' - c scale``: ONE pass over
+    ``g`` and ``y`` (batch norm's backward reduction, ``mean = r``, ``invstd =
+    1 / scale``, float32 sums), no weight-gradient matmul, no activation the
+    next operation does not keep. No floor on the scale: ``y - r`` is exact
+    where the two are close (Sterbenz); at exactly 0 the gradient is 0, not NaN.
     """
 
     @staticmethod
@@ -135,11 +123,13 @@ class ScaleShiftLayer:
         return layer
 
     def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The weight and bias, the scale & shift folded in where enabled."""
+        """``W'``, ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift``, where enabled."""
         ssf = self.ssf_out
         if not ssf.enabled:
             return self.weight, self.bias
-        return _folded(self.weight, self.bias, ssf.scale, ssf.shift, ssf.offset)
+        scale, shift = _full_width(ssf.scale, ssf.shift, ssf.offset, self.weight.shape[0])
+        weight = self.weight * scale.view(-1, *[1] * (self.weight.dim() - 1))  # (out, in, ...)
+        return weight, shift if self.bias is None else torch.addcmul(shift, self.bias, scale)
 
     def merged_layer(self) -> nn.Module:
         """A plain ``nn.Linear`` / ``nn.Conv2d`` with the folded weights as new
@@ -199,11 +189,6 @@ class Conv2dScaleShift(ScaleShiftLayer, nn.Conv2d):
             nn.Conv2d, self.in_channels, self.out_channels, self.kernel_size, self.stride,
             self.padding, self.dilation, self.groups, True, self.padding_mode,
             device=self.weight.device)
-
-
-def scale_shift_projection(patch_embed: nn.Module) -> None:
-    """Scale & shift the output of ``patch_embed.projection`` (a convolution)."""
-    Conv2dScaleShift.convert(patch_embed.projection)
 
 
 def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
