@@ -130,29 +130,24 @@ class MoPPAUnit(nn.Module):
             frequency maps (``L = Hr * Wr``); other grids resize them.
         eta (float): Stabiliser of the Poisson division. Defaults to 1e-3 (paper).
         share_time (bool): Heat and wave share one ``t`` per channel (the
-            paper's "learnable t values for Heat and Wave" reads either way).
-            Defaults to False.
+            paper reads either way). Defaults to False.
         coef_init (float): k and c start uniform in ``[0, coef_init)``: both
             filters near 1, never exactly at c = 0, where ``cos(c |w| t)`` has
             no gradient in c and t. Defaults to 1e-2.
         time_init (float): Initial ``t``. Defaults to 1.0.
-        source_init_std (float): H1 and H2 start normal with this std (the
-            paper's "randomly initialized" source, small: the field starts
-            near 0). Defaults to 1e-2.
+        source_init_std (float): H1 and H2 start normal with this std, small:
+            the field starts near 0. Defaults to 1e-2.
         resize_mode (str): 'bicubic' (default, as vHeat), 'bilinear' or
             'nearest', the resizing of the frequency maps.
         experts (sequence of str): The priors in use, of ('heat', 'wave',
             'poisson') (paper Table 4); the router spans them. Defaults to all.
-        init_mode (str): 'paper' (default): Eq. 11 (about 2/3 X at init, the
-            router uniform). 'identity': ``X + gate * (Y_Eq11 - X)`` with a
-            zero gate: the identity at init, the other parameters learning as
-            soon as the gate leaves 0 (as LoRA's zero B); ``gate = 1`` is Eq. 11.
+        init_mode (str): 'paper' (default): Eq. 11 (about 2/3 X at init).
+            'identity': ``X + gate * (Y_Eq11 - X)`` with a zero gate: the
+            identity at init, as LoRA's zero B; ``gate = 1`` is Eq. 11.
         heat_param (str): 'raw' (default, the paper's): heat's rows hold k and
             t; ``k t < 0`` amplifies high frequencies as ``exp(|k t| w^2)``.
-            'softplus': they hold ``softplus^-1`` of k and t, so heat only
-            damps (between grid points too; a ``t`` wave shares goes through
-            softplus for wave too). A checkpoint loads with the one it was
-            trained with (its record says it).
+            'softplus': they hold ``softplus^-1`` of k and t (and of a ``t``
+            wave shares), so heat only damps. A checkpoint's record says which.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, grid_size: Union[int, Sequence[int]],
@@ -590,10 +585,3 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
     total = sum((logits.softmax(-1) * logits.log_softmax(-1)).sum()
                 for logits in (_stack(group) for group in routers.values()))
     return total / len(units)
-
-
-__all__ = [
-    'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'unit_terms', 'sharing_unit_terms', 'shared_unit_terms', 'route_regularization', 'EXPERTS',
-    'INIT_MODES', 'HEAT_PARAMS'
-]

@@ -12,6 +12,3 @@ def is_capturing(compilers: bool = True) -> bool:
     if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return True  # torch.export is the default ONNX exporter's
     return compilers and torch.compiler.is_compiling()
-
-
-__all__ = ['is_capturing']

@@ -349,6 +349,3 @@ def adapter_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
             del state[key]
         redigest(state, inside)
     return state
-
-
-__all__ = ['AdapterMixin', 'full_state_dict', 'adapter_state_dict', 'merge_adapters']

@@ -1,8 +1,7 @@
 """The one check every load into a MoPPA model runs: :func:`checkpoint_problems`
-(pure: what comes in and the model -> the problems, each from the table
-:data:`PROBLEMS`), raised or warned of by :func:`load_checked`, which then gives
-the load what it lacks. The adapter bank runs the check too, ``publish_model.py``
-its model-free part (:func:`stored_problems`).
+(pure: what comes in and the model -> the problems of the table :data:`PROBLEMS`),
+raised or warned of by :func:`load_checked`, which then gives the load what it
+lacks. The adapter bank runs it too, ``publish_model.py`` :func:`stored_problems`.
 """
 import json
 import logging
@@ -272,14 +271,6 @@ def _around_problems(outside, around, record, what) -> List[MoPPAInputError]:
                     misfits=few(misfits, 3))] if misfits else []
 
 
-def _without_adapters(backbone, incoming, outside, what) -> List[MoPPAInputError]:
-    """No adapters into the whole model: another model's, or the base alone."""
-    adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
-    return [problem('no_adapters' if outside else 'base_only', what=what, count=len(incoming),
-                    outside_count=len(outside), outside=few(sorted(outside), 3),
-                    adapters=len(adapters))] if adapters else []
-
-
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> List[MoPPAInputError]:
     """What a checkpoint says of itself: a record under ``inside`` that cannot
@@ -367,8 +358,11 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
             count=len(required), lacking=few(lacking), given_count=len(incoming),
             given=few(list(incoming), 3) or 'none',
             hint=_prefix_hint(list(incoming), lacking))] if lacking else []
-        if around is not None:  # into the whole model
-            problems += _without_adapters(backbone, incoming, outside, what)
+        adapters = sum(is_adapter_key(k) for k, _ in backbone.named_parameters())
+        if around is not None and adapters:  # no adapters into the whole model
+            problems.append(problem(
+                'no_adapters' if outside else 'base_only', what=what, count=len(incoming),
+                outside_count=len(outside), outside=few(sorted(outside), 3), adapters=adapters))
     return problems
 
 
