@@ -322,8 +322,7 @@ class MoPPAUnit(nn.Module):
     def merge_(self) -> 'MoPPAUnit':
         """Replace the parameters with the filter and field they give on the
         reference grid (buffers ``merged_filter``, ``merged_field``, (H, W, C),
-        float32 at least): a constant multiply-add between the DCTs, for
-        inference, one-way; another grid is refused. Returns the unit."""
+        float32 at least), for inference, one-way. Returns the unit."""
         if self.merged:
             return self
         dtype = torch.promote_types(self.route_logits.dtype, torch.float32)
@@ -427,9 +426,8 @@ class MoPPAUnit(nn.Module):
 
 class _KronFilter(torch.autograd.Function):
     """``K^T (K x * filter + field)``, ``K`` (N, T, T) an orthonormal Kronecker
-    DCT expanded to the batch: the unit's forward, its backward in seven GPU
-    kernels (autograd's: eleven): ``g' = K g``, ``sum_b g' * (K x)``, ``sum_b
-    g'``, ``K^T (g' * filter)``; ``K x`` kept or recomputed from ``norm_input``."""
+    DCT expanded to the batch; backward ``g' = K g``, ``sum_b g' * (K x)``,
+    ``sum_b g'``, ``K^T (g' * filter)``, ``K x`` kept or recomputed from ``norm_input``."""
 
     @staticmethod
     def forward(ctx, x, spectral_filter, field, basis, inverse_basis, norm_input, norm):

@@ -141,7 +141,6 @@ class AdapterMixin(RouteLossMixin):
                                        for name, tensor in self._base_tensors()}
         self.is_init = False
 
-    # ------------------------------------------------------------ the base
     @property
     def pretrained_base(self) -> Optional[Dict[str, Optional[str]]]:
         """The pre-trained base in the model (``checkpoint``, ``prefix``,
@@ -242,7 +241,6 @@ class AdapterMixin(RouteLossMixin):
                 norm.eval()
         return self
 
-    # ----------------------------------------------------------------- merging
     def merge_adapters(self) -> 'AdapterMixin':
         """Fold the adapters in for inference, in place; returns the backbone.
         Each scale & shift goes into its layer's weights (a plain ``nn.Linear`` /
@@ -294,9 +292,8 @@ def _hook_models_once() -> None:
 
 
 def _hook_the_model(model: nn.Module, name: str, child: Optional[nn.Module]) -> None:
-    """torch's module-registration hook (every ``model.<name> = child``): a
-    MoPPA backbone hooks the model (:func:`.model_hooks.attach`); another
-    module in its place unhooks it."""
+    """torch's module-registration hook (every ``model.<name> = child``): a MoPPA
+    backbone hooks the model; another module in its place unhooks it."""
     replaced = model._modules.get(name)  # as torch reads it: a getattr could run a property
     if isinstance(child, AdapterMixin) or isinstance(replaced, AdapterMixin):
         model_hooks.attach(model, name, child if isinstance(child, AdapterMixin) else None,

@@ -40,10 +40,8 @@ def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], .
 
 def frozen_base_keys(keys: Sequence[str], inside: str,
                      not_in_base: Sequence[str] = ()) -> List[str]:
-    """The keys of the frozen base of the backbone under ``inside``
-    (``not_in_base``: patterns of its parameters no base has): what an
-    adapter-only checkpoint leaves out; the rest (adapters, heads, neck) is
-    what fine-tuning trains."""
+    """The keys of the frozen base of the backbone under ``inside`` (``not_in_base``:
+    patterns of its parameters no base has): what an adapter-only checkpoint leaves out."""
     not_in_base = tuple(not_in_base)
     return [k for k in keys if k.startswith(inside) and k != inside + RECORD_KEY
             and not is_adapter_key(k[len(inside):])

@@ -195,9 +195,8 @@ def _prefix_hint(incoming: Sequence[str], lacking: Sequence[str]) -> str:
 
 def _misfits(incoming: Mapping[str, Any], own: Mapping[str, torch.Tensor],
              resized_on_load: Sequence[str] = ()) -> List[str]:
-    """``key: shapes in the checkpoint and the model`` where they differ; keys
-    the model resizes on load (``pos_embed``, a frequency map) need only agree
-    in their last dimension (channels, heads)."""
+    """``key: shapes in the checkpoint and the model`` where they differ; keys the
+    model resizes on load need only agree in their last dimension."""
     def fits(key, value):
         return value.shape == own[key].shape or (
             matches(key, resized_on_load) and value.dim() == own[key].dim()
@@ -273,9 +272,8 @@ def _around_problems(outside, around, record, what) -> List[MoPPAInputError]:
 
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> List[MoPPAInputError]:
-    """What a checkpoint says of itself: a record under ``inside`` that cannot
-    be read; with ``digest`` (a model's checkpoint) no digest, or tensors that
-    no longer match it."""
+    """A record under ``inside`` that cannot be read; with ``digest`` (a model's
+    checkpoint) no digest, or tensors that no longer match it."""
     value = state.get(inside + RECORD_KEY)
     if value is None:
         return []
@@ -297,10 +295,8 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
     """What stands against loading ``state`` (keys as in the model; the
     backbone's under ``inside``) into ``backbone`` and the model around it
     (``around``: its other tensors; None for the backbone alone: no digest or
-    head check); ``what`` names the checkpoint. In the order checked: NaN or
-    infinite values; the record (readable, the digest, the backbone type,
-    merged or not, the options); the model around the backbone; shapes; a
-    base's keys, or the adapters, the base they were trained on, the record."""
+    head check); ``what`` names the checkpoint. In the order checked: values,
+    the record, the model around, shapes, then a base's keys or the adapters."""
     incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
     value = incoming.pop(RECORD_KEY, None)
     outside = {} if around is None else \
@@ -368,12 +364,10 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
 
 def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, inside: str,
                  around: Optional[Mapping[str, torch.Tensor]] = None) -> None:
-    """Check ``state_dict`` (keys under ``prefix`` are the model's; the
-    backbone's under ``inside`` in it; ``around``: the model's other tensors,
-    None for the backbone alone): stop, or warn where
-    ``strict_adapter_record=False`` allows; then give the load what it lacks
-    of the model (its base for an adapter-only checkpoint; heads of another
-    shape keep theirs) and note the base that came."""
+    """Check ``state_dict`` (the model's keys under ``prefix``, the backbone's
+    under ``inside`` in it; ``around`` as :func:`checkpoint_problems`'s): stop,
+    or warn where ``strict_adapter_record=False`` allows; then give the load what
+    it lacks (the base; heads of another shape keep theirs), note the base."""
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     for found in checkpoint_problems(state, backbone, inside, around,
                                      f'{type(backbone).__name__}: the checkpoint'):

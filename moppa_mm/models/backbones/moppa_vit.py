@@ -47,8 +47,7 @@ class ViTMoPPAUnit(MoPPAUnit):
                        norm_input: Optional[torch.Tensor] = None,
                        norm: Optional[nn.Module] = None) -> torch.Tensor:
         """The unit on ``x`` (B, extra + H*W, C), the patches on ``grid`` (None:
-        :meth:`patch_grid`); ``terms`` from the backbone (None: its own); ``x =
-        norm(norm_input)`` (:meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
+        :meth:`patch_grid`); the rest as :meth:`MoPPAUnit.forward`'s."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \
@@ -63,8 +62,7 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
     def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
                 unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W) (None: the unit's
-        guess); ``unit_terms``: the unit's filter and field from the backbone
-        (:func:`~moppa_mm.operators.unit_terms`; None: the unit's own)."""
+        guess); ``unit_terms``: the unit's filter and field (None: its own)."""
         attn_input = self.ln1(x)
         unit = self._modules.get('moppa')
         if unit is not None:

@@ -36,9 +36,8 @@ class SwinMoPPAUnit(MoPPAUnit):
 
 
 class SwinConvAdapter(ConvAdapter):
-    """A :class:`ConvAdapter` on the output of a Swin block's ``norm2``, which
-    only the FFN reads: it recomputes that output from the norm's input in
-    backward instead of saving it (:meth:`ConvAdapter.forward_after_norm`)."""
+    """A :class:`ConvAdapter` on the output of a Swin block's ``norm2``, which it
+    recomputes in backward (:meth:`ConvAdapter.forward_after_norm`)."""
 
     enabled = True
 
@@ -81,9 +80,8 @@ class MoPPAWindowMSAMixin:
 
 class MoPPASwinBlockMixin:
     """Mixed into a package's ``SwinBlock``: its forward written out with the
-    adapters: ``norm1``, the global-scope unit, ``attn`` (the window-scope
-    unit inside), the residual, ``norm2``, the conv adapter, ``ffn``.
-    ``with_cp`` checkpoints it as the base class does, with the grid."""
+    adapters (the global-scope unit after ``norm1``, the conv adapter after
+    ``norm2``); ``with_cp`` checkpoints it as the base class does."""
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """``x``: (B, H*W, C) on the ``hw_shape`` (H, W) grid."""

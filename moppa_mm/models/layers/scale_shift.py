@@ -1,7 +1,6 @@
 """Learnable per-channel scale & shift (SSF / RLRR style) on a frozen layer's output,
-run by the layer itself (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`), as
-mmpretrain's ``LoRALinear`` runs its branch: folded into the weight and bias, one
-multiply of a small tensor, no pass over the activations."""
+run by the layer itself as mmpretrain's ``LoRALinear`` runs its branch: folded into
+the weight and bias, one multiply of a small tensor, no pass over the activations."""
 from typing import Optional, Tuple
 
 import torch
@@ -117,9 +116,8 @@ class ScaleShiftLayer:
         if not isinstance(layer, cls.BASE):
             raise TypeError(f'{cls.__name__} converts a {cls.BASE.__name__} layer, got '
                             f'{type(layer).__name__}')
-        out_channels = layer.weight.shape[0]
         layer.__class__ = cls
-        layer.ssf_out = ScaleShift(out_channels - offset, offset).to(layer.weight.device)
+        layer.ssf_out = ScaleShift(layer.weight.shape[0] - offset, offset).to(layer.weight.device)
         return layer
 
     def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
