@@ -189,8 +189,7 @@ class MoPPAUnit(nn.Module):
 
     def reset_parameters(self) -> None:
         """Filters near 1, a small random source, a uniform router, a zero gate;
-        with 'softplus', heat's rows hold the inverses of the same k (at least
-        ``1e-4 coef_init``: a finite inverse) and t."""
+        'softplus' stores the inverses of the same k (>= ``1e-4 coef_init``) and t."""
         with torch.no_grad():
             for expert, frequency, row in zip(self.experts, self.frequency_maps,
                                               self.channel_rows):
@@ -289,9 +288,8 @@ class MoPPAUnit(nn.Module):
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """Frequency maps saved on another reference grid (another image size)
-        are resized to this one (:func:`resize_frequency_map`), as mmpretrain
-        resizes ``pos_embed``; other mismatches are ``load_state_dict``'s."""
+        """Frequency maps saved on another reference grid (another image size) are
+        resized to this one (:func:`resize_frequency_map`), as mmpretrain resizes ``pos_embed``."""
         key = prefix + FREQ_PARAMS[0]
         saved = state_dict.get(key)  # (E, Hs, Ws, N)
         if hasattr(self, 'frequency_maps') and isinstance(saved, torch.Tensor) and \
@@ -395,9 +393,8 @@ class MoPPAUnit(nn.Module):
     def _spectral_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
                         dtype: torch.dtype, params: Optional[Dict[str, torch.Tensor]] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field, (1, rows + H*W, C) each ((L, ...) from L units'
-        stacked ``params``), in ``dtype``, built in :meth:`filter_dtype` (or the
-        merged buffers); ``rows`` first rows of 1 and 0 for the extra tokens."""
+        """The filter and field, (1, rows + H*W, C) each ((L, ...) from stacked
+        ``params``), in ``dtype``; ``rows`` first rows of 1 and 0 for extra tokens."""
         with torch.autocast(device.type, enabled=False):
             if self.merged:
                 if tuple(grid) != tuple(self.grid_size):

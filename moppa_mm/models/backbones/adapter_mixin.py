@@ -48,8 +48,7 @@ class AdapterMixin(RouteLossMixin):
 
     Args of the backbones:
         freeze_pretrained (bool): Freeze all but the adapters when built, so
-            that DDP sees the final trainable set (the head, outside the
-            backbone, trains). Defaults to True.
+            that DDP sees the final trainable set. Defaults to True.
         route_loss_weight, route_schedule: The route loss
             (:class:`~.route_loss.RouteLossMixin`).
         strict_adapter_record (bool): Stop when a checkpoint's record
@@ -60,9 +59,8 @@ class AdapterMixin(RouteLossMixin):
             load a merged checkpoint (``publish_model.py --merge``). False
             (default): the ``Pretrained`` checkpoint of ``init_cfg`` loads when built.
         random_base (bool): The frozen base is random on purpose (benchmarks,
-            tests); otherwise training on a random frozen base stops
-            (:class:`~.training_checks.NoPretrainedBaseError`). Defaults to
-            False.
+            tests); otherwise training on a random frozen base stops. Defaults
+            to False.
     """
 
     ADAPTER_TYPES: Tuple[type, ...] = ()  # modules with enabled, reset_parameters
@@ -95,9 +93,8 @@ class AdapterMixin(RouteLossMixin):
         """After the adapters are added: freezing, the checks as training starts,
         the route loss, the load check (after the base classes' load pre-hooks:
         mmpretrain's ViT resizes ``pos_embed`` in one), the hook on the model."""
-        self.freeze_pretrained = freeze_pretrained
-        self.random_base = random_base
-        self.strict_adapter_record = strict_adapter_record
+        self.freeze_pretrained, self.random_base, self.strict_adapter_record = \
+            freeze_pretrained, random_base, strict_adapter_record
         # the base in the model: {'checkpoint', 'prefix', 'fingerprint'}, None while
         # random; set by _load_base and by every load (load_check.load_checked)
         self._base: Optional[Dict[str, Optional[str]]] = None
@@ -111,8 +108,7 @@ class AdapterMixin(RouteLossMixin):
 
     def _build_base(self, merged: bool) -> None:
         """The last step of ``__init__``: load the base ``init_cfg`` names, for
-        every later load (``runner.test()``, ``init_detector``, ``get_model``)
-        to find; a missing file is a warning. ``merged=True`` merges instead."""
+        every later load to find (a missing file warns), or merge (``merged``)."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -185,9 +181,8 @@ class AdapterMixin(RouteLossMixin):
             self.named_parameters(), self.named_buffers()) if not is_adapter_key(name)]
 
     def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
-        """The base classes' ``Pretrained`` init (their loaders, conversions),
-        checked like every load; errors name the file, an unconverted release
-        its converter command."""
+        """The base classes' ``Pretrained`` init, checked like every load; errors
+        name the file, an unconverted release its converter command."""
         what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
         self.is_init = False  # mmengine's Pretrained init runs once otherwise
         self._base = None

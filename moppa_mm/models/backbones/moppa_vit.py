@@ -112,9 +112,8 @@ class ViTAdapterMixin(AdapterMixin):
                  merged: bool = False, random_base: bool = False, **kwargs) -> None:
         moppa_config = self._pop_adapter_args(kwargs, locals())
         super().__init__(*args, **kwargs)
-        self.moppa_config = moppa_config
-        self.use_moppa = use_moppa
-        self.use_scale_shift = use_scale_shift
+        self.moppa_config, self.use_moppa, self.use_scale_shift = \
+            moppa_config, use_moppa, use_scale_shift
         self.embed_dims = self.patch_embed.projection.out_channels  # mmseg's ViT has none
         for layer in self.layers:
             layer.__class__ = self.LAYER_CLASSES[type(layer)]  # in place: see the class doc
@@ -169,8 +168,7 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
 
     def _refuse_uncovered(self, kwargs: dict) -> None:
         """DeiT-3's and EVA-02's arch names (their ``'s'`` is 384-d, this class's
-        768-d; other names not this class's stop in its base class) and FFNs
-        other than the two-layer one the scale & shift runs in."""
+        768-d) and FFNs other than the two-layer one the scale & shift runs in."""
         arch = kwargs.get('arch', 'base')
         if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
             raise InputValueError(
@@ -210,9 +208,8 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         return ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """mmpretrain's ``VisionTransformer.forward``, every layer called with
-        the patch grid and its unit's filter and field, built for all units at
-        once (:func:`~moppa_mm.operators.unit_terms`)."""
+        """mmpretrain's ``VisionTransformer.forward``, each layer given the patch
+        grid and its unit's terms, built for all units at once (:func:`unit_terms`)."""
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)  # (B, H*W, C), (H, W)
         if self.cls_token is not None:

@@ -14,9 +14,8 @@ SCHEDULES = ('auto', 'epoch', 'iter')
 
 
 def running_hub() -> Optional[MessageHub]:
-    """The message hub of a runner whose train loop is running (mmengine's
-    ``RuntimeInfoHook`` sets ``loop_stage``), None otherwise: plain PyTorch
-    gets mmengine's default hub, which no loop runs in."""
+    """The message hub of a runner whose train loop is running (``loop_stage``),
+    None otherwise (plain PyTorch gets mmengine's default hub)."""
     hub = MessageHub.get_current_instance()
     return hub if hub.get_info('loop_stage') == 'train' else None
 

@@ -112,11 +112,10 @@ class SwinAdapterMixin(AdapterMixin):
 
     Args:
         moppa_scope (str): Where the unit's DCT runs. ``'window'`` (default): on the
-            (shifted) windows the attention sees, so ``L`` is the window's token count
-            as in the paper's parameter formula. ``'global'``: on the block's whole
-            feature map, its frequency parameters on the stage's grid at the
-            pre-training image size (``pretrain_img_size``, mmpretrain's
-            ``img_size``) resized to the runtime grid.
+            (shifted) windows the attention sees (``L`` of the paper's parameter
+            formula). ``'global'``: on the block's whole feature map, its
+            frequency parameters on the stage's grid at the pre-training image
+            size, resized to the runtime grid.
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
             (:class:`~moppa_mm.models.MoPPAConfig`); unset ones take the shipped
             recipe's. The unit uses the stage's attention heads.
@@ -168,9 +167,8 @@ class SwinAdapterMixin(AdapterMixin):
         self._build_base(merged)
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """The package's forward, each stage's units' filters and fields built
-        once for the call, stacked (:func:`~moppa_mm.operators.sharing_unit_terms`):
-        a training step pays per operation, not per unit."""
+        """The package's forward, each stage's units' terms built once for the
+        call, stacked (:func:`~moppa_mm.operators.sharing_unit_terms`)."""
         if is_capturing():  # a graph compiler fuses each unit's own
             return super().forward(x)
         with sharing_unit_terms([moppa_units(stage) for stage in self.stages], x):

@@ -18,7 +18,6 @@ class ConvAdapter(nn.Module):
     identity at init). It computes in its input's and parameters' dtype,
     autocast or not: float32 there (a LayerNorm's output), no activation or
     weight cast, its convolutions a seventh of the block's width.
-    :meth:`forward_after_norm`: the same, leaner on memory, after a LayerNorm.
 
     Args:
         embed_dims (int): Channels ``C``.
