@@ -1,7 +1,6 @@
-"""Whether a forward is being captured into a graph rather than run: then
-(dynamo, ``torch.export``, the TorchScript tracer, the ONNX exporters) the
-operators take their plain paths, which compilers fuse themselves; no custom
-autograd function, no cache, no value read back from the device."""
+"""While a forward is captured into a graph the operators take their plain paths,
+which compilers fuse themselves: no custom autograd function, no cache, no value
+read back from the device."""
 import torch
 
 

@@ -9,9 +9,8 @@ from moppa_mm.utils.params import matches, parameter_table
 
 RECORD_KEY = '_extra_state'  # torch's key for a module's extra state: the adapter record
 
-# The adapters' parameter names (relative to the backbone), by kind: the one
-# place they are spelled. Everything else in a MoPPA backbone is the frozen
-# pre-trained base. (kind, fnmatch patterns, label of the parameter tables)
+# The adapters' parameter names by kind, the one place they are spelled (all else
+# is the frozen base): (kind, fnmatch patterns, label of the parameter tables)
 ADAPTER_GROUPS = (
     ('moppa', ('*moppa*', ), 'moppa units'),
     ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
@@ -23,12 +22,6 @@ ADAPTER_PATTERNS = tuple(p for _, patterns, _ in ADAPTER_GROUPS for p in pattern
 def is_adapter_key(name: str) -> bool:
     """Whether a backbone parameter / state-dict key belongs to an adapter."""
     return matches(name, ADAPTER_PATTERNS)
-
-
-def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
-    """The adapter patterns for names under ``prefix`` (e.g. ``'backbone.'``
-    for a whole detector's or classifier's parameters)."""
-    return tuple(prefix + p for p in ADAPTER_PATTERNS)
 
 
 def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
