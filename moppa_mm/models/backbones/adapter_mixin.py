@@ -31,9 +31,8 @@ from .adapter_record import _as_recorded, adapter_record, encode_record, rediges
 from .arguments import check_arguments
 from .route_loss import RouteLossMixin
 
-# The base each backbone read when built, until the model around it calls its
-# init_weights() (or it switches train / eval mode): keyed by the backbone, so
-# that a copy of the model (EMA's deepcopy) does not copy it too.
+# The base each backbone read when built, until the model calls its init_weights()
+# (or train()): keyed weakly by the backbone, so that a deepcopy (EMA) leaves it.
 _BASE_READ_WHEN_BUILT: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
 
 

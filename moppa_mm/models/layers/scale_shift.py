@@ -79,9 +79,8 @@ class _LinearScaleShift(torch.autograd.Function):
 
 
 class ScaleShift(nn.Module):
-    """``y = x * scale + shift`` over ``dims`` output channels of a layer from
-    ``offset`` on (``2 * C``: a fused qkv's value), identity at init; held by
-    that layer as ``ssf_out``."""
+    """``y = x * scale + shift`` over ``dims`` output channels of its layer (held
+    as ``ssf_out``) from ``offset`` on (``2 * C``: a fused qkv's value)."""
 
     enabled = True
 
@@ -142,9 +141,8 @@ class ScaleShiftLayer:
 
 
 class LinearScaleShift(ScaleShiftLayer, nn.Linear):
-    """``nn.Linear`` with a :class:`ScaleShift` (``ssf_out``) on its output,
-    folded into its weight and bias; frozen, with a backward to come, through
-    :class:`_LinearScaleShift`, else through autograd."""
+    """``nn.Linear`` with a :class:`ScaleShift` (``ssf_out``) on its output, folded
+    into its weight and bias (frozen and training: :class:`_LinearScaleShift`)."""
 
     BASE = nn.Linear
 
