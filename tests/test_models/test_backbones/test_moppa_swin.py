@@ -8,8 +8,8 @@ from mmdet.models.backbones.swin import swin_converter
 from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer
 from moppa_mm.models import full_state_dict
-from moppa_mm.models.backbones.adapter_params import (is_adapter_key, parameter_breakdown,
-                                                    parameter_report)
+from moppa_mm.models.backbones.adapter_params import is_adapter_key, parameter_breakdown
+from moppa_mm.models.backbones.adapter_params import parameter_report
 from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
 
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4), window_size=7,
