@@ -41,7 +41,7 @@ def _linear_scale_shift(in_features: int, out_features: int, then: Callable):
     (8, 197, in) tokens, and what reads its output (``then``)."""
 
     def build(device, quick):
-        from moppa_mm.models.layers.scale_shift import LinearScaleShift, _folded
+        from moppa_mm.models.layers.scale_shift import LinearScaleShift
         (b, n), fin, fout = ((2, 5), 16, 4 * 16 if out_features > in_features else 16) \
             if quick else ((8, 197), in_features, out_features)
         linear = nn.Linear(fin, fout).to(device).requires_grad_(False)
@@ -55,8 +55,7 @@ def _linear_scale_shift(in_features: int, out_features: int, then: Callable):
             return then(linear(x))
 
         def plain():  # autograd's fold: a weight-gradient matmul, the input kept
-            folded = _folded(linear.weight, linear.bias, ssf.scale, ssf.shift, 0)
-            return then(F.linear(x, *folded))
+            return then(F.linear(x, *linear.folded()))
 
         return linear, dict(function=function, plain=plain), x
 

@@ -15,11 +15,8 @@ RESERVED = ('embed_dims', 'num_heads', 'grid_size')
 @dataclasses.dataclass(frozen=True)
 class MoPPAConfig:
     """The options of every :class:`~moppa_mm.operators.MoPPAUnit` of a backbone,
-    each the unit's argument of the same name. The defaults are the shipped
-    recipe, so that a config that changes only its backbone's ``type`` trains
-    the same method: the paper's Eq. 11 and initialisation as written
-    (``init_mode='paper'``; ``heat_param='raw'``: the heat expert may sharpen as
-    well as damp); why these: docs/design.md."""
+    each the unit's argument of the same name; the defaults are the shipped
+    recipe, the paper's Eq. 11 and initialisation as written (docs/design.md)."""
 
     eta: float = 1e-3
     share_time: bool = False

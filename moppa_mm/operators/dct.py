@@ -1,19 +1,13 @@
 """Orthonormal 2-D DCT-II over the token grid of channel-last tensors.
 
-The transform is separable, ``DCT2(X) = C_H @ X @ C_W^T`` with ``C_N`` the
-orthonormal DCT-II matrix, and the inverse is its transpose. On tokens
-``(B, H*W, C)`` (a grid flattened row-major) it runs as ``bmm`` (one kernel,
-no permute) with a basis expanded to the batch, in one of two ways:
-
-- ``'kron'``: ONE matmul with the Kronecker basis ``C_H (x) C_W`` (HW, HW):
-  more multiply-adds than the separable form, one pass over the tensor instead
-  of two; leading extra tokens (a class token) pass through an identity block;
-- ``'separable'``: two matmuls, along H then along W.
-
-``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens,
-where it was measured faster (docs/performance.md); unmeasured device types
-take the CPU's. Bases are cached per (size, device, dtype), except what a graph
-capture builds (:func:`_cached`).
+``DCT2(X) = C_H @ X @ C_W^T`` (``C_N`` the orthonormal DCT-II matrix; the
+inverse is its transpose). On tokens (B, H*W, C), a grid flattened row-major,
+it runs as ``bmm`` with a basis expanded to the batch: ``'kron'``, ONE matmul
+with ``C_H (x) C_W`` (HW, HW), one pass over the tensor (leading extra tokens
+pass through an identity block), or ``'separable'``, along H then along W.
+``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens
+(docs/performance.md; other device types take the CPU's). Bases are cached per
+(size, device, dtype), except what a graph capture builds (:func:`_cached`).
 """
 import math
 from typing import Dict, Tuple, Union
@@ -34,10 +28,9 @@ EXPANDED_MAX = 64  # batch sizes kept (window counts vary with the image size)
 
 
 def _cached(cache: dict, key: tuple, build):
-    """``cache[key]``, made by ``build()`` the first time. While a graph is
-    captured (:func:`~.tracing.is_capturing`) a missing entry is built into
-    the graph and not kept: what a capture makes (the fake tensors of
-    ``torch.export``, a tracer's values) must not outlive it."""
+    """``cache[key]``, made by ``build()`` the first time; not kept while a graph
+    is captured: what a capture makes (fake tensors, a tracer's values) must not
+    outlive it."""
     value = cache.get(key)
     if value is None:
         value = build()
@@ -68,10 +61,9 @@ def dct_basis(n: int, device=None, dtype=torch.float32, inverse: bool = False) -
 
 def kron_basis(h: int, w: int, inverse: bool = False, device=None,
                dtype=torch.float32, extra: int = 0) -> torch.Tensor:
-    """The 2-D DCT-II of an (H, W) grid as one (HW, HW) matrix acting on the
-    row-major flattened grid: ``C_H (x) C_W`` (its transpose if ``inverse``).
-    With ``extra`` leading tokens, (extra + HW, extra + HW): an identity block
-    for them, then the grid's."""
+    """The 2-D DCT-II of an (H, W) grid as one (HW, HW) matrix, ``C_H (x) C_W``
+    (its transpose if ``inverse``); with ``extra`` leading tokens, (extra + HW,
+    extra + HW): an identity block for them, then the grid's."""
     device = torch.device(device or 'cpu')
 
     def build():  # torch.kron, written out (the TorchScript exporter lacks aten::kron)
@@ -127,13 +119,11 @@ def expanded_kron_basis(h: int, w: int, inverse: bool, device, dtype, extra: int
 
 def dct_tokens(x: torch.Tensor, grid: Tuple[int, int], method: str = 'auto',
                inverse: bool = False, extra: int = 0) -> torch.Tensor:
-    """Orthonormal DCT-II (DCT-III if ``inverse``) of ``x`` (B, extra + H*W,
-    C) over the (H, W) ``grid``, the ``extra`` leading tokens unchanged
-    (Kronecker only); the bases in the matmuls' dtype (``x``'s or autocast's:
-    autocast then casts ``x`` alone). The separable form meets the caller's
-    tensor (input, output's gradient) with the H pass, whose ``(B, H, W*C)``
-    view exists for any batch stride (a ViT's patch tokens after its class
-    token), where the W pass's ``(B*H, W, C)`` would need a copy."""
+    """Orthonormal DCT-II (DCT-III if ``inverse``) of ``x`` (B, extra + H*W, C)
+    over the (H, W) ``grid``, the ``extra`` leading tokens unchanged (Kronecker
+    only); the bases in the matmuls' dtype. The separable form meets the
+    caller's tensor with the H pass, whose ``(B, H, W*C)`` view exists for any
+    batch stride (a ViT's patch tokens after its class token): no copy."""
     h, w = grid
     batch, tokens, channels = x.shape
     if tokens != extra + h * w:
@@ -176,10 +166,8 @@ def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
 
 def dct_frequencies(h: int, w: int, device=None, dtype=torch.float32
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Squared and absolute angular frequency of each DCT coefficient.
-
-    ``w_n = pi n / H``, ``w_m = pi m / W``; returns ``(w^2, |w|)``, each (H, W).
-    """
+    """``(w^2, |w|)``, each (H, W), of the DCT coefficients: ``w_n = pi n / H``,
+    ``w_m = pi m / W``."""
     device = torch.device(device or 'cpu')
 
     def build():

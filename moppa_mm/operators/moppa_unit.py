@@ -10,16 +10,14 @@ For a channel-last input ``X`` of shape (B, H, W, C) split into ``N`` heads::
     SD(w, channel) = H1(w, head) * H2(channel in head)
     (a1, a2, a3) = softmax(lambda)            the router
 
-Everything is linear in ``X``, so the three experts (Eq. 10) are fused into ONE
-filter multiply and ONE additive field in the DCT domain, which do not depend on
-``X``: in eval mode they are built once and reused until a parameter changes
-(:meth:`MoPPAUnit.clear_cache` after assigning ``param.data``). Two options
-depart from the paper, whose forms are the defaults (:class:`MoPPAUnit`'s Args):
-``heat_param='softplus'`` and ``init_mode='identity'``.
+Everything is linear in ``X``: the three experts (Eq. 10) fuse into ONE filter
+multiply and ONE additive field in the DCT domain, independent of ``X`` (cached in
+eval mode: :meth:`MoPPAUnit.clear_cache` after assigning ``param.data``).
 """
 import contextlib
 import functools
 from contextvars import ContextVar
+from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -47,13 +45,6 @@ def inverse_softplus(value: torch.Tensor) -> torch.Tensor:
     return value + torch.log(-torch.expm1(-value))
 
 
-def _pair(size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    size = (size, size) if isinstance(size, int) else tuple(size)
-    if len(size) != 2:
-        raise ValueError(f'grid size must be an int or (H, W), got {size}')
-    return int(size[0]), int(size[1])
-
-
 _FACTORS: Dict[tuple, torch.Tensor] = {}
 
 
@@ -76,9 +67,10 @@ def _softplus_rows(rows: int, trailing: int, device) -> torch.Tensor:
                    lambda: (torch.arange(rows, device=device) == 0).view(-1, *[1] * trailing))
 
 
-def _check_grid(size: Tuple[int, int], what: str) -> Tuple[int, int]:
-    if min(size) <= 0:
-        raise ValueError(f'{what} must be positive (H, W), got {tuple(size)}')
+def _check_grid(size: Union[int, Sequence[int]], what: str) -> Tuple[int, int]:
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    if len(size) != 2 or min(size) <= 0:
+        raise ValueError(f'{what} must be positive (H, W), got {size}')
     return size
 
 
@@ -97,14 +89,10 @@ def resize_frequency_map(param: torch.Tensor, size: Tuple[int, int],
         src = torch.arange(n, device=param.device, dtype=param.dtype) * ref / n
         return src * 2 / max(ref - 1, 1) - 1
 
-    grid_y = normalised(h, ref_h)  # (H,)
-    grid_x = normalised(w, ref_w)  # (W,)
-    grid = torch.stack(torch.meshgrid(grid_x, grid_y, indexing='xy'), dim=-1)
-    grid = grid.unsqueeze(0)  # (1, H, W, 2) as (x, y)
-    resized = F.grid_sample(
-        param.unsqueeze(0), grid, mode=mode, padding_mode='border',
-        align_corners=True)  # (1, N, H, W)
-    return resized.squeeze(0)
+    grid = torch.stack(torch.meshgrid(normalised(w, ref_w), normalised(h, ref_h),
+                                      indexing='xy'), dim=-1)  # (H, W, 2) as (x, y)
+    return F.grid_sample(param.unsqueeze(0), grid.unsqueeze(0), mode=mode,
+                         padding_mode='border', align_corners=True).squeeze(0)  # (N, H, W)
 
 
 def check_unit_options(eta: float, resize_mode: str, experts: Sequence[str],
@@ -142,29 +130,24 @@ class MoPPAUnit(nn.Module):
             frequency maps (``L = Hr * Wr``); other grids resize them.
         eta (float): Stabiliser of the Poisson division. Defaults to 1e-3 (paper).
         share_time (bool): Heat and wave share one ``t`` per channel (the
-            paper's "learnable t values for Heat and Wave" reads either way).
-            Defaults to False.
+            paper reads either way). Defaults to False.
         coef_init (float): k and c start uniform in ``[0, coef_init)``: both
             filters near 1, never exactly at c = 0, where ``cos(c |w| t)`` has
             no gradient in c and t. Defaults to 1e-2.
         time_init (float): Initial ``t``. Defaults to 1.0.
-        source_init_std (float): H1 and H2 start normal with this std (the
-            paper's "randomly initialized" source, small: the field starts
-            near 0). Defaults to 1e-2.
+        source_init_std (float): H1 and H2 start normal with this std, small:
+            the field starts near 0. Defaults to 1e-2.
         resize_mode (str): 'bicubic' (default, as vHeat), 'bilinear' or
             'nearest', the resizing of the frequency maps.
         experts (sequence of str): The priors in use, of ('heat', 'wave',
             'poisson') (paper Table 4); the router spans them. Defaults to all.
-        init_mode (str): 'paper' (default): Eq. 11 (about 2/3 X at init, the
-            router uniform). 'identity': ``X + gate * (Y_Eq11 - X)`` with a
-            zero gate: the identity at init, the other parameters learning as
-            soon as the gate leaves 0 (as LoRA's zero B); ``gate = 1`` is Eq. 11.
+        init_mode (str): 'paper' (default): Eq. 11 (about 2/3 X at init).
+            'identity': ``X + gate * (Y_Eq11 - X)`` with a zero gate: the
+            identity at init, as LoRA's zero B; ``gate = 1`` is Eq. 11.
         heat_param (str): 'raw' (default, the paper's): heat's rows hold k and
             t; ``k t < 0`` amplifies high frequencies as ``exp(|k t| w^2)``.
-            'softplus': they hold ``softplus^-1`` of k and t, so heat only
-            damps (between grid points too; a ``t`` wave shares goes through
-            softplus for wave too). A checkpoint loads with the one it was
-            trained with (its record says it).
+            'softplus': they hold ``softplus^-1`` of k and t (and of a ``t``
+            wave shares), so heat only damps. A checkpoint's record says which.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, grid_size: Union[int, Sequence[int]],
@@ -173,10 +156,9 @@ class MoPPAUnit(nn.Module):
                  resize_mode: str = 'bicubic', experts: Sequence[str] = EXPERTS,
                  init_mode: str = 'paper', heat_param: str = 'raw') -> None:
         super().__init__()
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
-        if not isinstance(embed_dims, int) or embed_dims <= 0:
-            raise ValueError(f'embed_dims must be a positive int, got {embed_dims!r}')
+        for name, value in (('num_heads', num_heads), ('embed_dims', embed_dims)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f'{name} must be a positive int, got {value!r}')
         if embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims ({embed_dims}) must be divisible by '
                              f'num_heads ({num_heads})')
@@ -184,7 +166,7 @@ class MoPPAUnit(nn.Module):
                            init_mode=init_mode, heat_param=heat_param)
         self.embed_dims, self.num_heads, self.head_dims = embed_dims, num_heads, \
             embed_dims // num_heads
-        self.grid_size = _check_grid(_pair(grid_size), 'grid_size')
+        self.grid_size = tuple(int(size) for size in _check_grid(grid_size, 'grid_size'))
         self.eta, self.share_time, self.resize_mode = eta, share_time, resize_mode
         self.coef_init, self.time_init, self.source_init_std = coef_init, time_init, \
             source_init_std
@@ -207,8 +189,7 @@ class MoPPAUnit(nn.Module):
 
     def reset_parameters(self) -> None:
         """Filters near 1, a small random source, a uniform router, a zero gate;
-        with 'softplus', heat's rows hold the inverses of the same k (at least
-        ``1e-4 coef_init``: a finite inverse) and t."""
+        'softplus' stores the inverses of the same k (>= ``1e-4 coef_init``) and t."""
         with torch.no_grad():
             for expert, frequency, row in zip(self.experts, self.frequency_maps,
                                               self.channel_rows):
@@ -245,8 +226,7 @@ class MoPPAUnit(nn.Module):
         ((1, H*W, C) if ``flat``): ``filter = a1 heat + a2 wave``, ``field = a3
         poisson`` (``identity``: ``1 + g (filter - 1)`` and ``g field``).
         ``params``: this unit's, or those of L units alike stacked ((L, ...)
-        outputs). Few operations, each a GPU kernel: one product serves every
-        expert."""
+        outputs)."""
         params = params or dict(self.named_parameters(recurse=False))
         h, w = size
         logits = params['route_logits']
@@ -299,15 +279,8 @@ class MoPPAUnit(nn.Module):
         shape = (1, h * w, self.embed_dims) if flat else (*lead, h, w, self.embed_dims)
         return spectral_filter.view(shape), field.view(shape)
 
-    def _param_state(self, *key) -> tuple:
-        """``key`` and the versions of the parameters or buffers (an in-place
-        update bumps them; a load, ``.to()`` clear the cache)."""
-        tensors = list(self.parameters()) + list(self.buffers())
-        return key + tuple(t._version for t in tensors)
-
     def clear_cache(self) -> None:
-        """Forget the eval-mode filter and field (after ``param.data = ...``;
-        a load, ``.to()`` and a switch of mode do it)."""
+        """Forget the eval-mode filter and field (after ``param.data = ...``)."""
         self._eval_cache = None
 
     def _apply(self, fn, recurse=True):  # .to(), .half(), .cuda(): new tensors
@@ -315,9 +288,8 @@ class MoPPAUnit(nn.Module):
         return super()._apply(fn, recurse)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """Frequency maps saved on another reference grid (another image size)
-        are resized to this one (:func:`resize_frequency_map`), as mmpretrain
-        resizes ``pos_embed``; other mismatches are ``load_state_dict``'s."""
+        """Frequency maps saved on another reference grid (another image size) are
+        resized to this one (:func:`resize_frequency_map`), as mmpretrain resizes ``pos_embed``."""
         key = prefix + FREQ_PARAMS[0]
         saved = state_dict.get(key)  # (E, Hs, Ws, N)
         if hasattr(self, 'frequency_maps') and isinstance(saved, torch.Tensor) and \
@@ -348,8 +320,7 @@ class MoPPAUnit(nn.Module):
     def merge_(self) -> 'MoPPAUnit':
         """Replace the parameters with the filter and field they give on the
         reference grid (buffers ``merged_filter``, ``merged_field``, (H, W, C),
-        float32 at least): a constant multiply-add between the DCTs, for
-        inference, one-way; another grid is refused. Returns the unit."""
+        float32 at least), for inference, one-way. Returns the unit."""
         if self.merged:
             return self
         dtype = torch.promote_types(self.route_logits.dtype, torch.float32)
@@ -373,9 +344,8 @@ class MoPPAUnit(nn.Module):
         same shape in the DCTs' dtype (the input's or autocast's): the DCT, one
         multiply-add with the filter and field (``terms`` from :func:`unit_terms`,
         else cached or built), the inverse DCT. With ``x = norm(norm_input)`` (a
-        plain ``nn.LayerNorm``, whose input its backward keeps anyway) in mixed
-        precision, the backward recomputes ``x`` and its DCT rather than keep
-        the spectrum (in float32, device-bound, the DCT costs more than it saves)."""
+        plain ``nn.LayerNorm``) in mixed precision, the backward recomputes ``x``
+        and its DCT rather than keep the spectrum."""
         if grid is None:  # (..., H, W, C)
             if x.dim() < 3 or x.shape[-1] != self.embed_dims:
                 raise ValueError(f'MoPPAUnit expects (..., H, W, {self.embed_dims}), '
@@ -413,7 +383,8 @@ class MoPPAUnit(nn.Module):
                 torch.is_grad_enabled() and self.route_logits.requires_grad)):
             return None
         key = (tuple(grid), rows, device, dtype)
-        state = self._param_state(*key)
+        # with the tensors' versions: an in-place update bumps them (a load, .to() clear it)
+        state = key + tuple(t._version for t in chain(self.parameters(), self.buffers()))
         if self._eval_cache is None or self._eval_cache[0] != state:
             with torch.no_grad():
                 self._eval_cache = (state, *self._spectral_terms(*key))
@@ -422,9 +393,8 @@ class MoPPAUnit(nn.Module):
     def _spectral_terms(self, grid: Tuple[int, int], rows: int, device: torch.device,
                         dtype: torch.dtype, params: Optional[Dict[str, torch.Tensor]] = None
                         ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The filter and field, (1, rows + H*W, C) each ((L, ...) from L units'
-        stacked ``params``), in ``dtype``, built in :meth:`filter_dtype` (or the
-        merged buffers); ``rows`` first rows of 1 and 0 for the extra tokens."""
+        """The filter and field, (1, rows + H*W, C) each ((L, ...) from stacked
+        ``params``), in ``dtype``; ``rows`` first rows of 1 and 0 for extra tokens."""
         with torch.autocast(device.type, enabled=False):
             if self.merged:
                 if tuple(grid) != tuple(self.grid_size):
@@ -453,9 +423,8 @@ class MoPPAUnit(nn.Module):
 
 class _KronFilter(torch.autograd.Function):
     """``K^T (K x * filter + field)``, ``K`` (N, T, T) an orthonormal Kronecker
-    DCT expanded to the batch: the unit's forward, its backward in seven GPU
-    kernels (autograd's: eleven): ``g' = K g``, ``sum_b g' * (K x)``, ``sum_b
-    g'``, ``K^T (g' * filter)``; ``K x`` kept or recomputed from ``norm_input``."""
+    DCT expanded to the batch; backward ``g' = K g``, ``sum_b g' * (K x)``,
+    ``sum_b g'``, ``K^T (g' * filter)``, ``K x`` kept or recomputed from ``norm_input``."""
 
     @staticmethod
     def forward(ctx, x, spectral_filter, field, basis, inverse_basis, norm_input, norm):
@@ -483,9 +452,8 @@ class _KronFilter(torch.autograd.Function):
 
 
 def recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor:
-    """``norm(norm_input)`` again in a backward (autocast off), in the widest
-    dtype of the input and the norm's parameters, every tensor cast to it, as
-    autocast would (CUDA refuses a bfloat16 input with float32 weights)."""
+    """``norm(norm_input)`` again in a backward (autocast off), every tensor cast
+    to the widest dtype among them (CUDA refuses a bfloat16 input with float32 weights)."""
     params = (norm.weight, norm.bias)
     dtype = functools.reduce(_promoted, [p.dtype for p in params if p is not None],
                              norm_input.dtype)
@@ -519,10 +487,9 @@ def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def unit_terms(units: Sequence[Optional[MoPPAUnit]], grid: Tuple[int, int], extra: int,
                like: torch.Tensor) -> List[Optional[Tuple[torch.Tensor, torch.Tensor]]]:
-    """The filter and field (``terms`` of :meth:`MoPPAUnit.forward`) of each
-    unit (None: None or off) for tokens like ``like`` (B, extra + H*W, C) on
-    ``grid``: from the eval caches, else in ONE set of operations for the
-    units alike (options, parameter shapes, dtypes, devices, trainability)."""
+    """The filter and field (``terms`` of :meth:`MoPPAUnit.forward`) of each unit
+    (None: None or off) for tokens like ``like`` (B, extra + H*W, C) on ``grid``:
+    cached, else in ONE set of operations for the units alike."""
     device, dtype = like.device, matmul_dtype(like)
     rows = extra if dct_method(*grid, device) == 'kron' else 0  # as forward pads
     terms: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * len(units)
@@ -556,11 +523,10 @@ _SHARED: ContextVar[Optional[dict]] = ContextVar('moppa_shared_unit_terms', defa
 
 @contextlib.contextmanager
 def sharing_unit_terms(groups: Sequence[Sequence[MoPPAUnit]], like: torch.Tensor):
-    """Within the block, :func:`shared_unit_terms` hands each unit of
-    ``groups`` the filter and field :func:`unit_terms` builds for its whole
-    group, once per grid, for inputs like ``like`` (device; autocast's dtype):
-    for a backbone whose base class's forward runs its units from modules it
-    cannot pass them to. Nothing outlives the block."""
+    """Within the block, :func:`shared_unit_terms` hands each unit of ``groups``
+    the terms :func:`unit_terms` builds for its group, once per grid, for inputs
+    like ``like``: for a backbone whose base class's forward runs its units from
+    modules it cannot pass them to."""
     token = _SHARED.set(dict(groups={id(unit): group for group in groups for unit in group},
                              like=like, grad=torch.is_grad_enabled(), built={}))
     try:
@@ -571,10 +537,9 @@ def sharing_unit_terms(groups: Sequence[Sequence[MoPPAUnit]], like: torch.Tensor
 
 def shared_unit_terms(unit: MoPPAUnit, grid: Tuple[int, int], like: torch.Tensor
                       ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """``unit``'s filter and field for tokens like ``like`` on ``grid`` from the
-    enclosing :func:`sharing_unit_terms`, built in the grad mode it began in (a
-    checkpointed block may ask first, without grad); None outside one (a
-    checkpoint's recompute, a block called alone, a graph capture) or for
+    """``unit``'s terms from the enclosing :func:`sharing_unit_terms`, built in
+    the grad mode it began in (a checkpointed block may ask first, without
+    grad); None outside one (a checkpoint's recompute, a graph capture) or for
     another device or dtype: the unit builds its own."""
     shared = None if is_capturing() else _SHARED.get()
     group = shared and shared['groups'].get(id(unit))
@@ -604,9 +569,8 @@ def moppa_units(module: nn.Module):
 
 def route_regularization(module: nn.Module) -> torch.Tensor:
     """``L_reg = sum_i a_i log a_i`` (paper Eq. 12: the router's negative
-    entropy, least when the experts are used evenly) averaged over the MoPPA
-    units inside ``module`` (a unit too); the routers of as many experts
-    stacked: one softmax serves them all."""
+    entropy) averaged over the MoPPA units inside ``module`` (a unit too); the
+    routers of as many experts stacked: one softmax serves them all."""
     units = moppa_units(module)
     if not units:
         raise ValueError(f'{type(module).__name__} holds no MoPPAUnit')
@@ -616,10 +580,3 @@ def route_regularization(module: nn.Module) -> torch.Tensor:
     total = sum((logits.softmax(-1) * logits.log_softmax(-1)).sum()
                 for logits in (_stack(group) for group in routers.values()))
     return total / len(units)
-
-
-__all__ = [
-    'MoPPAUnit', 'check_unit_options', 'resize_frequency_map', 'route_loss_weight', 'moppa_units',
-    'unit_terms', 'sharing_unit_terms', 'shared_unit_terms', 'route_regularization', 'EXPERTS',
-    'INIT_MODES', 'HEAT_PARAMS'
-]

@@ -1,7 +1,6 @@
-"""Whether a forward is being captured into a graph rather than run: then
-(dynamo, ``torch.export``, the TorchScript tracer, the ONNX exporters) the
-operators take their plain paths, which compilers fuse themselves; no custom
-autograd function, no cache, no value read back from the device."""
+"""While a forward is captured into a graph the operators take their plain paths,
+which compilers fuse themselves: no custom autograd function, no cache, no value
+read back from the device."""
 import torch
 
 
@@ -12,6 +11,3 @@ def is_capturing(compilers: bool = True) -> bool:
     if torch.compiler.is_exporting() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return True  # torch.export is the default ONNX exporter's
     return compilers and torch.compiler.is_compiling()
-
-
-__all__ = ['is_capturing']

@@ -5,7 +5,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from moppa_mm.models.backbones.adapter_params import adapter_components, adapter_patterns
+from moppa_mm.models.backbones.adapter_params import ADAPTER_PATTERNS, adapter_components
 from moppa_mm.utils.params import frozen_norms, matches, parameter_table
 
 DEFAULT_COMPONENTS = adapter_components('backbone.') + (
@@ -40,7 +40,7 @@ class PEFTFreezeHook(Hook):
     priority = 'VERY_HIGH'
 
     def __init__(self,
-                 trainable: Sequence[str] = adapter_patterns('backbone.'),
+                 trainable: Sequence[str] = tuple('backbone.' + p for p in ADAPTER_PATTERNS),
                  frozen: Sequence[str] = ('backbone.*', ),
                  components: Optional[Sequence[Tuple[str, Sequence[str]]]] = None
                  ) -> None:

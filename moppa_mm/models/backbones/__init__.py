@@ -10,9 +10,8 @@ __all__ = [
     'MoPPASwinTransformerCls', 'MoPPAVisionTransformer', 'ViTMoPPAUnit'
 ]
 
-# MMSegmentation's MoPPA backbones, where mmsegmentation is installed (the seg
-# extra). An mmseg that does not import (mmseg.utils needs ftfy, regex and
-# prettytable, which it does not declare) gets a warning with the fix.
+# MMSegmentation's MoPPA backbones, where it is installed; one that does not import
+# (mmseg.utils needs ftfy, regex and prettytable, undeclared) gets the fix.
 if importlib.util.find_spec('mmseg') is not None:
     try:
         from .moppa_swin_seg import MoPPASwinTransformerSeg  # noqa: F401

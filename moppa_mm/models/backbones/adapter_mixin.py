@@ -1,11 +1,9 @@
 """What the MoPPA backbones share: :class:`AdapterMixin`, their build and merge.
 
-Each other concern is a module one hop away: the route loss (:mod:`.route_loss`,
-the mixin's base), which parameters are adapters (:mod:`.adapter_params`), the
-record every checkpoint carries (:mod:`.adapter_record`), the hooks on the model
-that holds the backbone (:mod:`.model_hooks`, put there through torch's
-module-registration hook :func:`_hook_the_model`), the one load check
-(:mod:`.load_check`), the checks as training starts (:mod:`.training_checks`).
+The other concerns are one hop away: :mod:`.route_loss` (the mixin's base),
+:mod:`.adapter_params`, :mod:`.adapter_record`, :mod:`.model_hooks` (put on the
+model through torch's module-registration hook, :func:`_hook_the_model`),
+:mod:`.load_check`, :mod:`.training_checks`.
 """
 import logging
 import os.path as osp
@@ -33,9 +31,8 @@ from .adapter_record import _as_recorded, adapter_record, encode_record, rediges
 from .arguments import check_arguments
 from .route_loss import RouteLossMixin
 
-# The base each backbone read when built, until the model around it calls its
-# init_weights() (or it switches train / eval mode): keyed by the backbone, so
-# that a copy of the model (EMA's deepcopy) does not copy it too.
+# The base each backbone read when built, until the model calls its init_weights()
+# (or train()): keyed weakly by the backbone, so that a deepcopy (EMA) leaves it.
 _BASE_READ_WHEN_BUILT: 'weakref.WeakKeyDictionary' = weakref.WeakKeyDictionary()
 
 
@@ -44,16 +41,13 @@ class AdapterMixin(RouteLossMixin):
     merge. A subclass calls :meth:`_pop_adapter_args` before the base
     ``__init__``, adds its adapters after it, then :meth:`_finish_build` and
     :meth:`_build_base`; it provides ``arch_record()`` and ``adapter_options()``
-    (:mod:`.adapter_record`) and sets the class attributes below.
-    ``params_not_in_base`` (patterns, set before :meth:`_finish_build`) are
-    base-class parameters no pre-trained base has (mmpretrain ViT's ``ln2``
-    under ``out_type='avg_featmap'``): they train and are saved with the
-    adapters, and a base may lack them.
+    (:mod:`.adapter_record`). ``params_not_in_base``: patterns of base-class
+    parameters no pre-trained base has (mmpretrain ViT's ``ln2`` under
+    ``out_type='avg_featmap'``): they train and are saved with the adapters.
 
     Args of the backbones:
         freeze_pretrained (bool): Freeze all but the adapters when built, so
-            that DDP sees the final trainable set (the head, outside the
-            backbone, trains). Defaults to True.
+            that DDP sees the final trainable set. Defaults to True.
         route_loss_weight, route_schedule: The route loss
             (:class:`~.route_loss.RouteLossMixin`).
         strict_adapter_record (bool): Stop when a checkpoint's record
@@ -64,9 +58,8 @@ class AdapterMixin(RouteLossMixin):
             load a merged checkpoint (``publish_model.py --merge``). False
             (default): the ``Pretrained`` checkpoint of ``init_cfg`` loads when built.
         random_base (bool): The frozen base is random on purpose (benchmarks,
-            tests); otherwise training on a random frozen base stops
-            (:class:`~.training_checks.NoPretrainedBaseError`). Defaults to
-            False.
+            tests); otherwise training on a random frozen base stops. Defaults
+            to False.
     """
 
     ADAPTER_TYPES: Tuple[type, ...] = ()  # modules with enabled, reset_parameters
@@ -80,11 +73,9 @@ class AdapterMixin(RouteLossMixin):
     held_by: Optional[model_hooks.HeldBy] = None  # the model it hooks (model_hooks.attach)
 
     def _pop_adapter_args(self, kwargs: dict, own: Dict[str, Any]) -> MoPPAConfig:
-        """The one check of the backbone's arguments (``own``: its ``locals()``;
-        ``kwargs``: the base class's; :func:`.arguments.check_arguments` and
-        :meth:`_refuse_uncovered`), and the units' options (returned); an
-        attribute-style ``init_cfg`` for the base class (mmdet's Swin reads
-        ``init_cfg.checkpoint``)."""
+        """Check the arguments (``own``: the ``__init__``'s ``locals()``; ``kwargs``:
+        the base class's) and return the units' options; an attribute-style
+        ``init_cfg`` for the base class (mmdet's Swin reads ``init_cfg.checkpoint``)."""
         check_arguments(type(self), own, kwargs)
         self._refuse_uncovered(kwargs)
         if isinstance(kwargs.get('init_cfg'), dict):
@@ -101,9 +92,8 @@ class AdapterMixin(RouteLossMixin):
         """After the adapters are added: freezing, the checks as training starts,
         the route loss, the load check (after the base classes' load pre-hooks:
         mmpretrain's ViT resizes ``pos_embed`` in one), the hook on the model."""
-        self.freeze_pretrained = freeze_pretrained
-        self.random_base = random_base
-        self.strict_adapter_record = strict_adapter_record
+        self.freeze_pretrained, self.random_base, self.strict_adapter_record = \
+            freeze_pretrained, random_base, strict_adapter_record
         # the base in the model: {'checkpoint', 'prefix', 'fingerprint'}, None while
         # random; set by _load_base and by every load (load_check.load_checked)
         self._base: Optional[Dict[str, Optional[str]]] = None
@@ -117,8 +107,7 @@ class AdapterMixin(RouteLossMixin):
 
     def _build_base(self, merged: bool) -> None:
         """The last step of ``__init__``: load the base ``init_cfg`` names, for
-        every later load (``runner.test()``, ``init_detector``, ``get_model``)
-        to find; a missing file is a warning. ``merged=True`` merges instead."""
+        every later load to find (a missing file warns), or merge (``merged``)."""
         init_cfg = self.init_cfg
         if isinstance(init_cfg, dict) and init_cfg.get('checkpoint') and 'type' not in init_cfg:
             raise InputValueError(
@@ -147,7 +136,6 @@ class AdapterMixin(RouteLossMixin):
                                        for name, tensor in self._base_tensors()}
         self.is_init = False
 
-    # ------------------------------------------------------------ the base
     @property
     def pretrained_base(self) -> Optional[Dict[str, Optional[str]]]:
         """The pre-trained base in the model (``checkpoint``, ``prefix``,
@@ -163,11 +151,10 @@ class AdapterMixin(RouteLossMixin):
         return init_cfg['checkpoint'], init_cfg.get('prefix')
 
     def init_weights(self) -> None:
-        """The base ``init_cfg`` names: the one read when built, copied back
-        (the model around may have initialised it over), else loaded (a local
-        file gone since leaves it as it is); or the base classes' init without
-        one; then the adapters' init. Logs the parameter table when the base
-        comes."""
+        """The base ``init_cfg`` names: the one read when built, copied back (the
+        model around may have initialised over it), else loaded (a local file gone
+        since leaves it); or the base classes' init without one; then the adapters'
+        init. Logs the parameter table when the base comes."""
         self._refuse_if_merged('cannot be initialised again')
         checkpoint, prefix = self.configured_base()
         came = self._base is None
@@ -184,7 +171,7 @@ class AdapterMixin(RouteLossMixin):
         for module in self._adapters():
             module.reset_parameters()
         if came:
-            print_log('\n' + self.parameter_report(), logger='current')
+            print_log('\n' + parameter_report(self), logger='current')
         self.is_init = True
 
     def _base_tensors(self):
@@ -193,9 +180,8 @@ class AdapterMixin(RouteLossMixin):
             self.named_parameters(), self.named_buffers()) if not is_adapter_key(name)]
 
     def _load_base(self, checkpoint: str, prefix: Optional[str]) -> None:
-        """The base classes' ``Pretrained`` init (their loaders, conversions),
-        checked like every load; errors name the file, an unconverted release
-        its converter command."""
+        """The base classes' ``Pretrained`` init, checked like every load; errors
+        name the file, an unconverted release its converter command."""
         what = 'pre-trained checkpoint model.backbone.init_cfg.checkpoint ='
         self.is_init = False  # mmengine's Pretrained init runs once otherwise
         self._base = None
@@ -249,14 +235,11 @@ class AdapterMixin(RouteLossMixin):
                 norm.eval()
         return self
 
-    # ----------------------------------------------------------------- merging
     def merge_adapters(self) -> 'AdapterMixin':
         """Fold the adapters in for inference, in place; returns the backbone.
-        Every scale & shift goes into the weights of the layer whose output it
-        scales (plain ``nn.Linear`` / ``nn.Conv2d`` then); every unit's filter
-        and field become constants (:meth:`MoPPAUnit.merge_`); the Swin's 3x3
-        conv adapters stay (nothing to fold into). One-way: it cannot train or
-        load an unmerged checkpoint; its checkpoints are whole, recorded as
+        Each scale & shift goes into its layer's weights (a plain ``nn.Linear`` /
+        ``nn.Conv2d`` then), each unit's filter and field become constants; the
+        Swin's conv adapters stay. One-way: its checkpoints are whole, recorded as
         merged, and load into a model built with ``merged=True``."""
         if self.merged:
             return self
@@ -282,19 +265,13 @@ class AdapterMixin(RouteLossMixin):
                                'config and load the unmerged checkpoint to train it')
 
     def extra_repr(self) -> str:
-        """The base class's, the model's hooks for the backbone
-        (:mod:`.model_hooks`) and the waiting first-step check
-        (:mod:`.training_checks`)."""
+        """The base class's, the model's hooks and the waiting first-step check."""
         held = self.held_by
         lines = [super().extra_repr()] + [f'{name}=({value})' for name, value in (
             ('model_hooks', held and f'{held.model}.{held.name}: loss_route into the loss '
              'dict; adapter-only save, record and digest; the load check'),
             ('first_step_check', training_checks.waiting_check(self))) if value]
         return '\n'.join(line for line in lines if line)
-
-    def parameter_report(self) -> str:
-        """:func:`~.adapter_params.parameter_report`, logged when the base comes."""
-        return parameter_report(self)
 
 
 _MODELS_HOOK: List[RemovableHandle] = []
@@ -309,9 +286,8 @@ def _hook_models_once() -> None:
 
 
 def _hook_the_model(model: nn.Module, name: str, child: Optional[nn.Module]) -> None:
-    """torch's module-registration hook (every ``model.<name> = child``): a
-    MoPPA backbone hooks the model (:func:`.model_hooks.attach`); another
-    module in its place unhooks it."""
+    """torch's module-registration hook (every ``model.<name> = child``): a MoPPA
+    backbone hooks the model; another module in its place unhooks it."""
     replaced = model._modules.get(name)  # as torch reads it: a getattr could run a property
     if isinstance(child, AdapterMixin) or isinstance(replaced, AdapterMixin):
         model_hooks.attach(model, name, child if isinstance(child, AdapterMixin) else None,
@@ -364,6 +340,3 @@ def adapter_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
             del state[key]
         redigest(state, inside)
     return state
-
-
-__all__ = ['AdapterMixin', 'full_state_dict', 'adapter_state_dict', 'merge_adapters']

@@ -9,9 +9,8 @@ from moppa_mm.utils.params import matches, parameter_table
 
 RECORD_KEY = '_extra_state'  # torch's key for a module's extra state: the adapter record
 
-# The adapters' parameter names (relative to the backbone), by kind: the one
-# place they are spelled. Everything else in a MoPPA backbone is the frozen
-# pre-trained base. (kind, fnmatch patterns, label of the parameter tables)
+# The adapters' parameter names by kind, the one place they are spelled (all else
+# is the frozen base): (kind, fnmatch patterns, label of the parameter tables)
 ADAPTER_GROUPS = (
     ('moppa', ('*moppa*', ), 'moppa units'),
     ('conv_adapter', ('*conv_adapter*', ), 'conv adapters'),
@@ -25,12 +24,6 @@ def is_adapter_key(name: str) -> bool:
     return matches(name, ADAPTER_PATTERNS)
 
 
-def adapter_patterns(prefix: str = '') -> Tuple[str, ...]:
-    """The adapter patterns for names under ``prefix`` (e.g. ``'backbone.'``
-    for a whole detector's or classifier's parameters)."""
-    return tuple(prefix + p for p in ADAPTER_PATTERNS)
-
-
 def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
     """``(name, patterns)`` per adapter kind under ``prefix``, for
     :func:`~moppa_mm.utils.params.parameter_table`."""
@@ -40,10 +33,8 @@ def adapter_components(prefix: str = '') -> Tuple[Tuple[str, Tuple[str, ...]], .
 
 def frozen_base_keys(keys: Sequence[str], inside: str,
                      not_in_base: Sequence[str] = ()) -> List[str]:
-    """The keys of the frozen base of the backbone under ``inside``
-    (``not_in_base``: patterns of its parameters no base has): what an
-    adapter-only checkpoint leaves out; the rest (adapters, heads, neck) is
-    what fine-tuning trains."""
+    """The keys of the frozen base of the backbone under ``inside`` (``not_in_base``:
+    patterns of its parameters no base has): what an adapter-only checkpoint leaves out."""
     not_in_base = tuple(not_in_base)
     return [k for k in keys if k.startswith(inside) and k != inside + RECORD_KEY
             and not is_adapter_key(k[len(inside):])

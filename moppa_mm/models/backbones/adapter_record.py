@@ -1,9 +1,8 @@
 """The adapter record: what a MoPPA checkpoint says of itself, under the key
 ``<backbone>._extra_state`` (UTF-8 JSON in a uint8 tensor: every state-dict
 value stays a tensor). The backbone writes how its adapters were built and on
-which base (:func:`adapter_record`); the model that holds it adds its class, its
-other tensors' shapes and the digest of all it saves
-(:func:`.model_hooks.save_adapter_state`). What a load does with it: :mod:`.load_check`.
+which base; the model that holds it adds its class, its other tensors' shapes
+and the digest of all it saves (:func:`.model_hooks.save_adapter_state`).
 """
 import hashlib
 import json
@@ -19,9 +18,8 @@ from moppa_mm.utils.params import matches, short_repr
 from .adapter_params import RECORD_KEY, is_adapter_key
 
 RECORD_FORMAT = 'moppa_mm.adapter/1'
-# Bounds of a record: a detector's is a few kB, a few levels deep. A larger or
-# deeper one is refused before it is parsed further (a message of its values,
-# or a recursion through them, would be as large or as deep).
+# Bounds of a record (a detector's is a few kB, a few levels deep): a larger or
+# deeper one is refused before a message or a recursion goes through it.
 MAX_RECORD_BYTES = 1 << 20
 MAX_RECORD_DEPTH = 16
 # The fields and their types: the backbone's, then the model's. ``base`` is null
@@ -53,8 +51,7 @@ def encode_record(record: Dict[str, Any]) -> torch.Tensor:
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether containers nest more than ``limit`` levels (iteratively: no
-    recursion, and a container that holds itself stops at the limit)."""
+    """Whether containers nest more than ``limit`` levels (iteratively)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()

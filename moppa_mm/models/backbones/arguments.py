@@ -1,8 +1,6 @@
 """The one check of a MoPPA backbone's arguments, before its base class's
-``__init__`` builds anything: MoPPA's own (type and range), then every other
-one against the base class's signature, so that a typo or an argument of
-another upstream backbone stops with ``model.backbone.<arg>`` and the way out
-(the closest valid name, or the upstream type to keep)."""
+``__init__``: MoPPA's own (type and range), then the others against the base
+class's signature, naming ``model.backbone.<arg>`` and the way out."""
 import difflib
 import importlib
 import inspect

@@ -1,8 +1,7 @@
 """The one check every load into a MoPPA model runs: :func:`checkpoint_problems`
-(pure: what comes in and the model -> the problems, each from the table
-:data:`PROBLEMS`), raised or warned of by :func:`load_checked`, which then gives
-the load what it lacks. The adapter bank runs the check too, ``publish_model.py``
-its model-free part (:func:`stored_problems`).
+(pure: what comes in and the model -> the problems of the table :data:`PROBLEMS`),
+raised or warned of by :func:`load_checked`, which then gives the load what it
+lacks. The adapter bank runs it too, ``publish_model.py`` :func:`stored_problems`.
 """
 import json
 import logging
@@ -196,9 +195,8 @@ def _prefix_hint(incoming: Sequence[str], lacking: Sequence[str]) -> str:
 
 def _misfits(incoming: Mapping[str, Any], own: Mapping[str, torch.Tensor],
              resized_on_load: Sequence[str] = ()) -> List[str]:
-    """``key: shapes in the checkpoint and the model`` where they differ; keys
-    the model resizes on load (``pos_embed``, a frequency map) need only agree
-    in their last dimension (channels, heads)."""
+    """``key: shapes in the checkpoint and the model`` where they differ; keys the
+    model resizes on load need only agree in their last dimension."""
     def fits(key, value):
         return value.shape == own[key].shape or (
             matches(key, resized_on_load) and value.dim() == own[key].dim()
@@ -272,19 +270,10 @@ def _around_problems(outside, around, record, what) -> List[MoPPAInputError]:
                     misfits=few(misfits, 3))] if misfits else []
 
 
-def _without_adapters(backbone, incoming, outside, what) -> List[MoPPAInputError]:
-    """No adapters into the whole model: another model's, or the base alone."""
-    adapters = [k for k, _ in backbone.named_parameters() if is_adapter_key(k)]
-    return [problem('no_adapters' if outside else 'base_only', what=what, count=len(incoming),
-                    outside_count=len(outside), outside=few(sorted(outside), 3),
-                    adapters=len(adapters))] if adapters else []
-
-
 def stored_problems(state: Mapping[str, Any], inside: str, what: str, digest: bool = True
                     ) -> List[MoPPAInputError]:
-    """What a checkpoint says of itself: a record under ``inside`` that cannot
-    be read; with ``digest`` (a model's checkpoint) no digest, or tensors that
-    no longer match it."""
+    """A record under ``inside`` that cannot be read; with ``digest`` (a model's
+    checkpoint) no digest, or tensors that no longer match it."""
     value = state.get(inside + RECORD_KEY)
     if value is None:
         return []
@@ -306,10 +295,8 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
     """What stands against loading ``state`` (keys as in the model; the
     backbone's under ``inside``) into ``backbone`` and the model around it
     (``around``: its other tensors; None for the backbone alone: no digest or
-    head check); ``what`` names the checkpoint. In the order checked: NaN or
-    infinite values; the record (readable, the digest, the backbone type,
-    merged or not, the options); the model around the backbone; shapes; a
-    base's keys, or the adapters, the base they were trained on, the record."""
+    head check); ``what`` names the checkpoint. In the order checked: values,
+    the record, the model around, shapes, then a base's keys or the adapters."""
     incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
     value = incoming.pop(RECORD_KEY, None)
     outside = {} if around is None else \
@@ -367,19 +354,20 @@ def checkpoint_problems(state: Mapping[str, Any], backbone: nn.Module, inside: s
             count=len(required), lacking=few(lacking), given_count=len(incoming),
             given=few(list(incoming), 3) or 'none',
             hint=_prefix_hint(list(incoming), lacking))] if lacking else []
-        if around is not None:  # into the whole model
-            problems += _without_adapters(backbone, incoming, outside, what)
+        adapters = sum(is_adapter_key(k) for k, _ in backbone.named_parameters())
+        if around is not None and adapters:  # no adapters into the whole model
+            problems.append(problem(
+                'no_adapters' if outside else 'base_only', what=what, count=len(incoming),
+                outside_count=len(outside), outside=few(sorted(outside), 3), adapters=adapters))
     return problems
 
 
 def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, inside: str,
                  around: Optional[Mapping[str, torch.Tensor]] = None) -> None:
-    """Check ``state_dict`` (keys under ``prefix`` are the model's; the
-    backbone's under ``inside`` in it; ``around``: the model's other tensors,
-    None for the backbone alone): stop, or warn where
-    ``strict_adapter_record=False`` allows; then give the load what it lacks
-    of the model (its base for an adapter-only checkpoint; heads of another
-    shape keep theirs) and note the base that came."""
+    """Check ``state_dict`` (the model's keys under ``prefix``, the backbone's
+    under ``inside`` in it; ``around`` as :func:`checkpoint_problems`'s): stop,
+    or warn where ``strict_adapter_record=False`` allows; then give the load what
+    it lacks (the base; heads of another shape keep theirs), note the base."""
     state = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     for found in checkpoint_problems(state, backbone, inside, around,
                                      f'{type(backbone).__name__}: the checkpoint'):

@@ -1,8 +1,8 @@
 """The hooks a MoPPA backbone puts on the model that holds it, so that a config
-changes only the backbone: :func:`add_route_loss` (forward), :func:`save_adapter_state`
-(state dict), :func:`check_load` (load pre-hook), each ``partial(hook, backbone, name)``
-(a ``deepcopy`` of the model hooks the copied backbone), put there by :func:`attach`
-when the backbone is assigned (torch's module-registration hook: :mod:`.adapter_mixin`).
+changes only the backbone: :func:`add_route_loss`, :func:`save_adapter_state`,
+:func:`check_load`, each ``partial(hook, backbone, name)`` (a ``deepcopy`` of the
+model hooks the copied backbone), put there by :func:`attach` (torch's
+module-registration hook: :mod:`.adapter_mixin`).
 """
 import functools
 import inspect

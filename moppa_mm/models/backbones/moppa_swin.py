@@ -3,11 +3,10 @@ from mmdet.models.backbones import SwinTransformer
 from mmdet.models.backbones.swin import ShiftWindowMSA, SwinBlock, WindowMSA
 from mmdet.registry import MODELS
 
-from .arguments import SCOPES
 from .swin_adapters import (MoPPAShiftWindowMSAMixin, MoPPASwinBlockMixin, MoPPAWindowMSAMixin,
                             SwinAdapterMixin, SwinConvAdapter, SwinMoPPAUnit)
 
-__all__ = ['MoPPASwinTransformer', 'SwinMoPPAUnit', 'SwinConvAdapter', 'SCOPES']
+__all__ = ['MoPPASwinTransformer', 'SwinMoPPAUnit', 'SwinConvAdapter']
 
 
 class MoPPASwinBlock(MoPPASwinBlockMixin, SwinBlock):

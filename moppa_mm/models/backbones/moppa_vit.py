@@ -17,7 +17,7 @@ from moppa_mm.operators import MoPPAUnit, unit_terms
 from moppa_mm.utils.errors import InputValueError
 from moppa_mm.utils.params import short_repr
 from ..layers import ScaleShift
-from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
+from ..layers.scale_shift import Conv2dScaleShift, attach_scale_shift
 from .adapter_mixin import AdapterMixin
 
 
@@ -47,8 +47,7 @@ class ViTMoPPAUnit(MoPPAUnit):
                        norm_input: Optional[torch.Tensor] = None,
                        norm: Optional[nn.Module] = None) -> torch.Tensor:
         """The unit on ``x`` (B, extra + H*W, C), the patches on ``grid`` (None:
-        :meth:`patch_grid`); ``terms`` from the backbone (None: its own); ``x =
-        norm(norm_input)`` (:meth:`~moppa_mm.operators.MoPPAUnit.forward`)."""
+        :meth:`patch_grid`); the rest as :meth:`MoPPAUnit.forward`'s."""
         if not self.enabled:
             return x
         grid = tuple(grid) if grid is not None else \
@@ -63,8 +62,7 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
     def forward(self, x: torch.Tensor, patch_grid: Optional[Tuple[int, int]] = None,
                 unit_terms: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """``x``: (B, extra + H*W, C); ``patch_grid``: (H, W) (None: the unit's
-        guess); ``unit_terms``: the unit's filter and field from the backbone
-        (:func:`~moppa_mm.operators.unit_terms`; None: the unit's own)."""
+        guess); ``unit_terms``: the unit's filter and field (None: its own)."""
         attn_input = self.ln1(x)
         unit = self._modules.get('moppa')
         if unit is not None:
@@ -76,21 +74,16 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 class ViTAdapterMixin(AdapterMixin):
     """The MoPPA ViT, mixed into a package's ``VisionTransformer`` (before
     it). The package's ViT builds its layers itself: after its ``__init__``
-    every layer becomes an instance of its MoPPA subclass in place
+    every layer's class is swapped in place for its MoPPA subclass
     (``LAYER_CLASSES``, whose forward runs the unit; the same module, so base
-    parameter names stay the checkpoints' keys) and gets a MoPPA unit
-    before self-attention, on the patch-token grid (extra tokens such as the
-    class token pass unchanged), plus scale & shift (RLRR/SSF style, paper
-    supplementary) on the patch embedding, the attention
-    (:meth:`_attach_scale_shift`) and both MLP layers. Base parameter names are
-    unchanged: the package's checkpoints (mmpretrain's, timm's and JAX's
-    through ``tools/model_converters/vit_to_mmpretrain.py``; mmseg's) load as they are.
-
-    The units need the patch grid, which only the patch embedding knows (63
-    tokens may be 7 x 9 or 9 x 7): the package's class writes out its ``forward``
-    with the grid handed to every layer. Like mmpretrain's ViT it has
-    ``num_extra_tokens`` and ``patch_resolution``, the patch grid at ``img_size``
-    (the units' reference grid; other grids resize the frequency maps).
+    parameter names stay the checkpoints' keys: mmpretrain's, timm's and JAX's
+    through ``tools/model_converters/vit_to_mmpretrain.py``, mmseg's). Each
+    layer gets a MoPPA unit before self-attention, on the patch-token grid at
+    ``img_size`` (extra tokens pass unchanged), plus scale & shift (RLRR/SSF
+    style, paper supplementary) on the patch embedding, the attention
+    (:meth:`_attach_scale_shift`) and both MLP layers. The units need the patch
+    grid, which only the patch embedding knows (63 tokens may be 7 x 9 or 9 x
+    7): the package's class writes out its ``forward`` with the grid.
 
     Args:
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
@@ -119,9 +112,8 @@ class ViTAdapterMixin(AdapterMixin):
                  merged: bool = False, random_base: bool = False, **kwargs) -> None:
         moppa_config = self._pop_adapter_args(kwargs, locals())
         super().__init__(*args, **kwargs)
-        self.moppa_config = moppa_config
-        self.use_moppa = use_moppa
-        self.use_scale_shift = use_scale_shift
+        self.moppa_config, self.use_moppa, self.use_scale_shift = \
+            moppa_config, use_moppa, use_scale_shift
         self.embed_dims = self.patch_embed.projection.out_channels  # mmseg's ViT has none
         for layer in self.layers:
             layer.__class__ = self.LAYER_CLASSES[type(layer)]  # in place: see the class doc
@@ -133,7 +125,7 @@ class ViTAdapterMixin(AdapterMixin):
             if use_scale_shift:
                 self._attach_scale_shift(layer)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed)
+            Conv2dScaleShift.convert(self.patch_embed.projection)
         for module in self.modules():  # numpy rates (np.linspace) break dynamo's
             if isinstance(module, DropPath):  # graph at `drop_prob == 0.`
                 module.drop_prob = float(module.drop_prob)
@@ -164,22 +156,19 @@ class ViTAdapterMixin(AdapterMixin):
 
 @MODELS.register_module()
 class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
-    """mmpretrain's ``VisionTransformer`` (all its arguments) with the adapters
-    and arguments of :class:`ViTAdapterMixin`, whose defaults it keeps: MoPPA
-    units, scale & shift on the attention's value and output projections too.
-    ``frozen_stages`` freezes the adapters inside the frozen parts too. With
+    """mmpretrain's ``VisionTransformer`` (all its arguments) with the adapters,
+    arguments and defaults of :class:`ViTAdapterMixin`. ``frozen_stages``
+    freezes the adapters inside the frozen parts too. With
     ``out_type='avg_featmap'`` (MAE's fine-tuning) mmpretrain adds a norm of the
     pooled patch tokens, ``ln2``, which no pre-trained base has: it trains with
-    the adapters (``params_not_in_base``; the parameter table and the adapter
-    record name it), and a base without it loads.
+    the adapters (``params_not_in_base``), and a base without it loads.
     """
 
     LAYER_CLASSES = {TransformerEncoderLayer: MoPPAEncoderLayer}
 
     def _refuse_uncovered(self, kwargs: dict) -> None:
         """DeiT-3's and EVA-02's arch names (their ``'s'`` is 384-d, this class's
-        768-d; other names not this class's stop in its base class) and FFNs
-        other than the two-layer one the scale & shift runs in."""
+        768-d) and FFNs other than the two-layer one the scale & shift runs in."""
         arch = kwargs.get('arch', 'base')
         if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
             raise InputValueError(
@@ -219,9 +208,8 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         return ('ln2.*', ) if self.out_type == 'avg_featmap' else ()
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """mmpretrain's ``VisionTransformer.forward``, every layer called with
-        the patch grid and its unit's filter and field, built for all units at
-        once (:func:`~moppa_mm.operators.unit_terms`)."""
+        """mmpretrain's ``VisionTransformer.forward``, each layer given the patch
+        grid and its unit's terms, built for all units at once (:func:`unit_terms`)."""
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)  # (B, H*W, C), (H, W)
         if self.cls_token is not None:

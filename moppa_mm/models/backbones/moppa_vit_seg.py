@@ -70,9 +70,8 @@ class MoPPAVisionTransformerSeg(ViTAdapterMixin, VisionTransformer):
         attach_ffn_scale_shift(layer.ffn)
 
     def forward(self, inputs: torch.Tensor) -> tuple:
-        """mmseg's ``VisionTransformer.forward``, every layer called with the
-        patch grid and its unit's filter and field, built for all units at
-        once (:func:`~moppa_mm.operators.unit_terms`)."""
+        """mmseg's ``VisionTransformer.forward``, each layer given the patch grid
+        and its unit's terms, built for all units at once (:func:`unit_terms`)."""
         batch = inputs.shape[0]
         x, hw_shape = self.patch_embed(inputs)  # (B, H*W, C), (H, W)
         x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)

@@ -1,9 +1,7 @@
 """The route regularisation as part of the model (paper Eqs. 12-13):
-``loss_route = w * max(1 - 2T / T_total, 0) * L_reg``, ``L_reg = sum_i a_i log
-a_i`` averaged over the units, into the loss dict of the model holding the
-backbone (:func:`.model_hooks.add_route_loss`). ``T`` and ``T_total`` come from
-a running train loop (epochs for runs of more than one, else iterations), or
-:meth:`RouteLossMixin.set_route_progress`.
+``loss_route = w * max(1 - 2T / T_total, 0) * L_reg`` into the loss dict of the
+model holding the backbone (:func:`.model_hooks.add_route_loss`), ``T`` and
+``T_total`` from a running train loop or :meth:`RouteLossMixin.set_route_progress`.
 """
 from typing import Optional, Tuple
 
@@ -16,9 +14,8 @@ SCHEDULES = ('auto', 'epoch', 'iter')
 
 
 def running_hub() -> Optional[MessageHub]:
-    """The message hub of a runner whose train loop is running (mmengine's
-    ``RuntimeInfoHook`` sets ``loop_stage``), None otherwise: plain PyTorch
-    gets mmengine's default hub, which no loop runs in."""
+    """The message hub of a runner whose train loop is running (``loop_stage``),
+    None otherwise (plain PyTorch gets mmengine's default hub)."""
     hub = MessageHub.get_current_instance()
     return hub if hub.get_info('loop_stage') == 'train' else None
 
@@ -66,9 +63,8 @@ class RouteLossMixin:
         return route_loss_weight(self.route_loss_weight, *progress)
 
     def route_loss(self) -> Optional[torch.Tensor]:
-        """The weighted route regularisation, or None without MoPPA units.
-        Inside a model that returns a loss dict this is added for you as
-        ``loss_route``; in plain PyTorch add it to your loss."""
+        """The weighted route regularisation, or None without MoPPA units: added
+        as ``loss_route`` to a model's loss dict; in plain PyTorch add it yourself."""
         if not moppa_units(self):
             return None
         self._refuse_if_merged('cannot train')

@@ -1,9 +1,7 @@
-"""The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin
-(the same block structure): the unit and conv adapter, the mixins of the
-package's ``SwinBlock``, ``WindowMSA`` and ``ShiftWindowMSA`` that run them, and
-:class:`SwinAdapterMixin`, which adds them after the base ``__init__``. Each
-package's file declares its classes over these (:mod:`.moppa_swin`,
-:mod:`.moppa_swin_cls`, :mod:`.moppa_swin_seg`).
+"""The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin (the
+same block structure): its adapters, the mixins of the packages' layer classes
+that run them, and :class:`SwinAdapterMixin`, which adds them. Each package's
+file declares its classes over these (:mod:`.moppa_swin` and its siblings).
 """
 from typing import Dict, Optional, Tuple
 
@@ -14,7 +12,7 @@ import torch.utils.checkpoint as cp
 from moppa_mm.operators import MoPPAUnit, moppa_units, shared_unit_terms, sharing_unit_terms
 from moppa_mm.operators.tracing import is_capturing
 from ..layers import ConvAdapter, ScaleShift
-from ..layers.scale_shift import attach_scale_shift, scale_shift_projection
+from ..layers.scale_shift import Conv2dScaleShift, attach_scale_shift
 from .adapter_mixin import AdapterMixin
 
 
@@ -27,9 +25,8 @@ class SwinMoPPAUnit(MoPPAUnit):
     scope = 'window'
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        """The unit on ``tokens`` (N, H*W, C) on ``grid`` (windows or the feature
-        map), with the filter and field the backbone built for the stage's units
-        (:func:`~moppa_mm.operators.shared_unit_terms`), else its own."""
+        """The unit on ``tokens`` (N, H*W, C) on ``grid``, with the filter and field
+        built for the stage's units (:func:`~moppa_mm.operators.shared_unit_terms`)."""
         if not self.enabled:
             return tokens
         return self(tokens, grid, terms=shared_unit_terms(self, grid, tokens))
@@ -39,9 +36,8 @@ class SwinMoPPAUnit(MoPPAUnit):
 
 
 class SwinConvAdapter(ConvAdapter):
-    """A :class:`ConvAdapter` on the output of a Swin block's ``norm2``, which
-    only the FFN reads: it recomputes that output from the norm's input in
-    backward instead of saving it (:meth:`ConvAdapter.forward_after_norm`)."""
+    """A :class:`ConvAdapter` on the output of a Swin block's ``norm2``, which it
+    recomputes in backward (:meth:`ConvAdapter.forward_after_norm`)."""
 
     enabled = True
 
@@ -84,9 +80,8 @@ class MoPPAWindowMSAMixin:
 
 class MoPPASwinBlockMixin:
     """Mixed into a package's ``SwinBlock``: its forward written out with the
-    adapters: ``norm1``, the global-scope unit, ``attn`` (the window-scope
-    unit inside), the residual, ``norm2``, the conv adapter, ``ffn``.
-    ``with_cp`` checkpoints it as the base class does, with the grid."""
+    adapters (the global-scope unit after ``norm1``, the conv adapter after
+    ``norm2``); ``with_cp`` checkpoints it as the base class does."""
 
     def forward(self, x: torch.Tensor, hw_shape: Tuple[int, int]) -> torch.Tensor:
         """``x``: (B, H*W, C) on the ``hw_shape`` (H, W) grid."""
@@ -111,18 +106,16 @@ class MoPPASwinBlockMixin:
 
 class SwinAdapterMixin(AdapterMixin):
     """The MoPPA Swin, mixed into a package's ``SwinTransformer`` (before it):
-    after the base ``__init__`` it makes every block, its ``attn`` and its
-    ``w_msa`` instances of the package's MoPPA layer classes
-    (``LAYER_CLASSES``) and adds the adapters to the block. The class takes all
-    arguments of the package's Swin, plus these.
+    after the base ``__init__`` it swaps the layers' classes (``LAYER_CLASSES``,
+    :meth:`_add_adapters`) and adds the adapters. It takes all arguments of the
+    package's Swin, plus these.
 
     Args:
         moppa_scope (str): Where the unit's DCT runs. ``'window'`` (default): on the
-            (shifted) windows the attention sees, so ``L`` is the window's token count
-            as in the paper's parameter formula. ``'global'``: on the block's whole
-            feature map, its frequency parameters on the stage's grid at the
-            pre-training image size (``pretrain_img_size``, mmpretrain's
-            ``img_size``) resized to the runtime grid.
+            (shifted) windows the attention sees (``L`` of the paper's parameter
+            formula). ``'global'``: on the block's whole feature map, its
+            frequency parameters on the stage's grid at the pre-training image
+            size, resized to the runtime grid.
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
             (:class:`~moppa_mm.models.MoPPAConfig`); unset ones take the shipped
             recipe's. The unit uses the stage's attention heads.
@@ -154,12 +147,10 @@ class SwinAdapterMixin(AdapterMixin):
                  random_base: bool = False, **kwargs) -> None:
         moppa_config = self._pop_adapter_args(kwargs, locals())
         super().__init__(*args, **kwargs)
-        self.moppa_scope = moppa_scope
-        self.moppa_config = moppa_config
-        self.adapter_ratio = adapter_ratio
-        self.use_moppa = use_moppa
-        self.use_conv_adapter = use_conv_adapter
-        self.use_scale_shift = use_scale_shift
+        self.moppa_scope, self.moppa_config, self.adapter_ratio = \
+            moppa_scope, moppa_config, adapter_ratio
+        self.use_moppa, self.use_conv_adapter, self.use_scale_shift = \
+            use_moppa, use_conv_adapter, use_scale_shift
         pretrain_size = kwargs.get(self.IMG_SIZE_ARG, 224)
         pretrain_size = pretrain_size if isinstance(pretrain_size, int) else pretrain_size[0]
         patch_size = kwargs.get('patch_size', 4)
@@ -168,7 +159,7 @@ class SwinAdapterMixin(AdapterMixin):
             for block in stage.blocks:
                 self._add_adapters(block, global_grid)
         if use_scale_shift:
-            scale_shift_projection(self.patch_embed)
+            Conv2dScaleShift.convert(self.patch_embed.projection)
         self._finish_build(freeze_pretrained, route_loss_weight, route_schedule,
                            strict_adapter_record, random_base)
         if self.frozen_stages >= 0:  # the base class freezes them at every train(): the
@@ -176,9 +167,8 @@ class SwinAdapterMixin(AdapterMixin):
         self._build_base(merged)
 
     def forward(self, x: torch.Tensor) -> tuple:
-        """The package's forward, each stage's units' filters and fields built
-        once for the call, stacked (:func:`~moppa_mm.operators.sharing_unit_terms`):
-        a training step pays per operation, not per unit."""
+        """The package's forward, each stage's units' terms built once for the
+        call, stacked (:func:`~moppa_mm.operators.sharing_unit_terms`)."""
         if is_capturing():  # a graph compiler fuses each unit's own
             return super().forward(x)
         with sharing_unit_terms([moppa_units(stage) for stage in self.stages], x):
@@ -211,12 +201,10 @@ class SwinAdapterMixin(AdapterMixin):
                 'always see the window grid and merge')
 
     def _add_adapters(self, block: nn.Module, global_grid: int) -> None:
-        """Make ``block`` (and its attention modules) an instance of its MoPPA
-        subclass and register the adapters on it. The package's Swin builds
-        its blocks itself, and the modules stay where they are, so that every
-        base parameter keeps its name (the checkpoints' keys); the subclasses
-        add methods, no state. The adapters come after the base parameters:
-        their names and order are those of the checkpoints."""
+        """Swap ``block``'s (and its attention's) class for its MoPPA subclass,
+        which adds methods, no state: the package's Swin builds its blocks
+        itself, and modules left in place keep the checkpoints' keys. Then
+        register the adapters, after the base parameters (the checkpoints' order)."""
         block.__class__ = self.LAYER_CLASSES[type(block)]
         block.attn.__class__ = self.LAYER_CLASSES[type(block.attn)]
         w_msa = block.attn.w_msa

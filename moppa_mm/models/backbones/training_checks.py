@@ -1,13 +1,11 @@
 """The checks of a MoPPA backbone with a frozen base as training starts, under
-any tool, constructor or plain PyTorch loop: a random base stops the first
-training forward (:func:`check_base`); adapters at another lr than the
-optimizer's stop the first step (:class:`FirstStepCheck`), as a config written
-for a backbone that trains whole scales its lr
-(``custom_keys={'backbone': dict(lr_mult=0.1)}``), which with the base frozen
-covers only the adapters. The optimizer is built where the backbone cannot see
-the config: the check is a one-shot global optimizer step pre-hook, and a
-filter on the logger current at the build that turns mmengine's warning per
-frozen parameter (``add_params`` under any ``paramwise_cfg``) into one line.
+any tool or plain PyTorch: a random base stops the first training forward
+(:func:`check_base`); adapters at another lr than the optimizer's stop the first
+step (:class:`FirstStepCheck`), as a config written for a backbone that trains
+whole scales it (``custom_keys={'backbone': dict(lr_mult=0.1)}``). The optimizer
+is built where the backbone cannot see the config: the check is a one-shot
+global optimizer step pre-hook, with a filter on the current logger that turns
+mmengine's warning per frozen parameter into one line.
 """
 import logging
 import math
@@ -134,21 +132,16 @@ def watch_first_step(backbone: nn.Module) -> None:
     _checks.append(FirstStepCheck(backbone))
 
 
-def _check_of(backbone: nn.Module) -> Optional[FirstStepCheck]:
-    return next((c for c in _checks if c.backbone() is backbone and not c.done), None)
-
-
 def waiting_check(backbone: nn.Module) -> Optional[str]:
     """What the backbone's check waits for, None once it has run (``repr``)."""
-    return WAITING if _check_of(backbone) else None
+    return WAITING if any(c.backbone() is backbone and not c.done for c in _checks) else None
 
 
 def check_done(backbone: nn.Module) -> None:
     """The adapters' lr is checked elsewhere (a constructor that knows the keys)."""
-    check = _check_of(backbone)
-    if check is not None:
-        check.done = True
-        _remove_finished()
+    for check in _checks:
+        check.done = check.done or check.backbone() is backbone
+    _remove_finished()
 
 
 def adapter_groups(backbone: nn.Module, optimizer: Optimizer) -> List[Tuple[str, Dict]]:

@@ -18,7 +18,6 @@ class ConvAdapter(nn.Module):
     identity at init). It computes in its input's and parameters' dtype,
     autocast or not: float32 there (a LayerNorm's output), no activation or
     weight cast, its convolutions a seventh of the block's width.
-    :meth:`forward_after_norm`: the same, leaner on memory, after a LayerNorm.
 
     Args:
         embed_dims (int): Channels ``C``.
@@ -55,14 +54,11 @@ class ConvAdapter(nn.Module):
 
     def forward_after_norm(self, x: torch.Tensor, norm_input: torch.Tensor, norm: nn.LayerNorm,
                            grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        """:meth:`forward` for ``x = norm(norm_input)``, with the same result
-        and gradients, saving only the two bottleneck tensors for backward
-        (:class:`_ConvAdapterFunction`). ``norm_input``: any shape with as
-        many elements as ``x``."""
+        """:meth:`forward` for ``x = norm(norm_input)`` (``norm_input``: any shape
+        of as many elements), saving only two bottleneck tensors for backward."""
         if not torch.is_grad_enabled() or is_capturing() or not isinstance(norm, nn.LayerNorm) or \
-                type(norm).forward is not nn.LayerNorm.forward:
-            return self.forward(x, grid)  # only a plain LayerNorm can be recomputed
-        if type(self.act) is not nn.GELU or self.act.approximate != 'none':
+                type(norm).forward is not nn.LayerNorm.forward or type(self.act) is not nn.GELU \
+                or self.act.approximate != 'none':  # only a plain LayerNorm can be recomputed
             return self.forward(x, grid)
         return _ConvAdapterFunction.apply(x, grid, norm_input, norm, self.down.weight,
                                           self.down.bias, self.conv.weight, self.conv.bias,
@@ -103,12 +99,9 @@ def _conv_backward(grad, inputs, weight, padding, needs):
 
 
 class _ConvAdapterFunction(torch.autograd.Function):
-    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``. Autograd
-    would save ``x``, the convolution's output and the activation (``C + 3r``
-    channels per token); this saves the convolution's input and output (``2r``)
-    and recomputes ``x`` from ``norm_input`` (which the LayerNorm keeps anyway)
-    and the activation. Each convolution's backward: one call, three gradients.
-    """
+    """``x + up(gelu(conv(down(x))))`` with ``x = norm(norm_input)``, saving the
+    convolution's input and output (``2r`` channels per token; autograd: ``C +
+    3r``) and recomputing ``x`` from ``norm_input`` (the LayerNorm keeps it anyway)."""
 
     @staticmethod
     def forward(ctx, x, grid, norm_input, norm, down_w, down_b, conv_w, conv_b, up_w, up_b):
@@ -143,6 +136,3 @@ class _ConvAdapterFunction(torch.autograd.Function):
             grad_x = _as_layout_of(grad_x.add_(grad), grad_out).to(ctx.input_dtype)
         return (grad_x, None, None, None, grad_down_w, grad_down_b, grad_conv_w,
                 grad_conv_b, grad_up_w, grad_up_b)
-
-
-__all__ = ['ConvAdapter']

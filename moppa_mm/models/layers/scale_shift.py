@@ -1,7 +1,6 @@
 """Learnable per-channel scale & shift (SSF / RLRR style) on a frozen layer's output,
-run by the layer itself (:class:`LinearScaleShift`, :class:`Conv2dScaleShift`), as
-mmpretrain's ``LoRALinear`` runs its branch: folded into the weight and bias, one
-multiply of a small tensor, no pass over the activations."""
+run by the layer itself as mmpretrain's ``LoRALinear`` runs its branch: folded into
+the weight and bias, one multiply of a small tensor, no pass over the activations."""
 from typing import Optional, Tuple
 
 import torch
@@ -10,15 +9,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from moppa_mm.operators.tracing import is_capturing
-
-
-def _folded(weight: torch.Tensor, bias: Optional[torch.Tensor], scale: torch.Tensor,
-            shift: torch.Tensor, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``W'`` and ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift`` on
-    output channels ``[offset, offset + len(scale))`` (weight (out, in, ...))."""
-    scale, shift = _full_width(scale, shift, offset, weight.shape[0])
-    folded_weight = weight * scale.view(-1, *[1] * (weight.dim() - 1))  # (out, in, ...)
-    return folded_weight, shift if bias is None else torch.addcmul(shift, bias, scale)
 
 
 def _full_width(scale: torch.Tensor, shift: torch.Tensor, offset: int,
@@ -36,14 +26,11 @@ class _LinearScaleShift(torch.autograd.Function):
 
     Backward: ``grad a = g W'`` (``W'`` kept where it is a cast, as autocast's
     plain layer keeps its own, else rebuilt); ``grad shift = sum g``, ``grad
-    scale = sum g (y - r) / scale`` with ``r = c' - c scale`` (the folded bias
-    as the matmul added it, less the raw bias's part): ONE pass over ``g`` and
-    ``y``, batch norm's backward reduction with ``mean = r``, ``invstd = 1 /
-    scale`` (float32 sums; CUDA's AMP batch norm takes the dtypes). No
-    weight-gradient matmul, no activation the next operation does not keep
-    (fc1's GELU, attention's q, k, v keep ``y``). No floor on the scale: ``y -
-    r`` is exact where the two are close (Sterbenz), so near 0 the gradient
-    can lose its matmul part, never grow past it (at exactly 0: 0, not NaN).
+    scale = sum g (y - r) / scale`` with ``r = c' - c scale``: ONE pass over
+    ``g`` and ``y`` (batch norm's backward reduction, ``mean = r``, ``invstd =
+    1 / scale``, float32 sums), no weight-gradient matmul, no activation the
+    next operation does not keep. No floor on the scale: ``y - r`` is exact
+    where the two are close (Sterbenz); at exactly 0 the gradient is 0, not NaN.
     """
 
     @staticmethod
@@ -92,9 +79,8 @@ class _LinearScaleShift(torch.autograd.Function):
 
 
 class ScaleShift(nn.Module):
-    """``y = x * scale + shift`` over ``dims`` output channels of a layer from
-    ``offset`` on (``2 * C``: a fused qkv's value), identity at init; held by
-    that layer as ``ssf_out``."""
+    """``y = x * scale + shift`` over ``dims`` output channels of its layer (held
+    as ``ssf_out``) from ``offset`` on (``2 * C``: a fused qkv's value)."""
 
     enabled = True
 
@@ -129,17 +115,18 @@ class ScaleShiftLayer:
         if not isinstance(layer, cls.BASE):
             raise TypeError(f'{cls.__name__} converts a {cls.BASE.__name__} layer, got '
                             f'{type(layer).__name__}')
-        out_channels = layer.weight.shape[0]
         layer.__class__ = cls
-        layer.ssf_out = ScaleShift(out_channels - offset, offset).to(layer.weight.device)
+        layer.ssf_out = ScaleShift(layer.weight.shape[0] - offset, offset).to(layer.weight.device)
         return layer
 
     def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The weight and bias, the scale & shift folded in where enabled."""
+        """``W'``, ``c'`` with ``x W'^T + c' = (x W^T + c) * scale + shift``, where enabled."""
         ssf = self.ssf_out
         if not ssf.enabled:
             return self.weight, self.bias
-        return _folded(self.weight, self.bias, ssf.scale, ssf.shift, ssf.offset)
+        scale, shift = _full_width(ssf.scale, ssf.shift, ssf.offset, self.weight.shape[0])
+        weight = self.weight * scale.view(-1, *[1] * (self.weight.dim() - 1))  # (out, in, ...)
+        return weight, shift if self.bias is None else torch.addcmul(shift, self.bias, scale)
 
     def merged_layer(self) -> nn.Module:
         """A plain ``nn.Linear`` / ``nn.Conv2d`` with the folded weights as new
@@ -154,9 +141,8 @@ class ScaleShiftLayer:
 
 
 class LinearScaleShift(ScaleShiftLayer, nn.Linear):
-    """``nn.Linear`` with a :class:`ScaleShift` (``ssf_out``) on its output,
-    folded into its weight and bias; frozen, with a backward to come, through
-    :class:`_LinearScaleShift`, else through autograd."""
+    """``nn.Linear`` with a :class:`ScaleShift` (``ssf_out``) on its output, folded
+    into its weight and bias (frozen and training: :class:`_LinearScaleShift`)."""
 
     BASE = nn.Linear
 
@@ -199,11 +185,6 @@ class Conv2dScaleShift(ScaleShiftLayer, nn.Conv2d):
             nn.Conv2d, self.in_channels, self.out_channels, self.kernel_size, self.stride,
             self.padding, self.dilation, self.groups, True, self.padding_mode,
             device=self.weight.device)
-
-
-def scale_shift_projection(patch_embed: nn.Module) -> None:
-    """Scale & shift the output of ``patch_embed.projection`` (a convolution)."""
-    Conv2dScaleShift.convert(patch_embed.projection)
 
 
 def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:

@@ -9,6 +9,7 @@ from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer
 from moppa_mm.models import full_state_dict
 from moppa_mm.models.backbones.adapter_params import is_adapter_key, parameter_breakdown
+from moppa_mm.models.backbones.adapter_params import parameter_report
 from moppa_mm.models.backbones.moppa_swin import SwinConvAdapter, SwinMoPPAUnit
 
 TINY = dict(embed_dims=16, depths=(2, 2), num_heads=(2, 4), window_size=7,
@@ -202,7 +203,7 @@ def test_swin_b_budget_matches_paper():
     model = MoPPASwinTransformer(embed_dims=128, depths=[2, 2, 18, 2],
                                  num_heads=[4, 8, 16, 32], window_size=7)
     counts = parameter_breakdown(model)
-    print('\n' + model.parameter_report())
+    print('\n' + parameter_report(model))
     trainable = counts['total']['trainable']
     assert abs(trainable / 3.18e6 - 1) < 0.05, trainable
     assert counts['pretrained']['trainable'] == 0

@@ -13,6 +13,7 @@ from moppa_mm.datasets import VTAB_TASKS
 from demo.coco_shapes import mmdet_swin_to_official
 from moppa_mm.models import MoPPASwinTransformer, MoPPASwinTransformerCls
 from moppa_mm.models.backbones.adapter_params import is_adapter_key, parameter_breakdown
+from moppa_mm.models.backbones.adapter_params import parameter_report
 from moppa_mm.models.backbones.load_check import PretrainedMismatchError
 from moppa_mm.models.backbones.swin_adapters import SwinAdapterMixin
 from model_converters.vit_to_mmpretrain import convert, save_backbone, swin_to_mmpretrain
@@ -186,7 +187,7 @@ def test_swin_b_vtab_budget():
     (mean over the 19 tasks) against the paper's 0.39M."""
     model = MoPPASwinTransformerCls(arch='b', img_size=224, window_size=7)
     counts = parameter_breakdown(model)
-    print('\n' + model.parameter_report())
+    print('\n' + parameter_report(model))
     depths, heads, dims = [2, 2, 18, 2], [4, 8, 16, 32], [128, 256, 512, 1024]
     assert counts['moppa']['trainable'] == sum(
         d * (3 * (49 * n + c // n) + 3)  # init_mode='paper': no gate

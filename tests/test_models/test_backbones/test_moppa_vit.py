@@ -4,7 +4,7 @@ from mmpretrain.models.backbones import VisionTransformer
 
 from moppa_mm.datasets import FGVC_DATASETS, VTAB_TASKS
 from moppa_mm.models import MoPPAVisionTransformer
-from moppa_mm.models.backbones.adapter_params import parameter_breakdown
+from moppa_mm.models.backbones.adapter_params import parameter_breakdown, parameter_report
 
 TINY = dict(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
                       feedforward_channels=64), img_size=32, patch_size=8)
@@ -120,7 +120,7 @@ def test_trainable_set_and_gradients():
 
 def test_vit_b_budgets_match_the_paper():
     model = MoPPAVisionTransformer(arch='b', img_size=224, patch_size=16)
-    print('\n' + model.parameter_report())
+    print('\n' + parameter_report(model))
     adapters = parameter_breakdown(model)['total']['trainable']
     head = lambda classes: 768 * classes + classes  # noqa: E731
     vtab = adapters + sum(head(c) for c in VTAB_TASKS.values()) / len(VTAB_TASKS)

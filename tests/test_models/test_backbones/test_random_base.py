@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from moppa_mm.models.backbones.adapter_mixin import full_state_dict
+from moppa_mm.models.backbones.adapter_params import parameter_report
 from moppa_mm.models.backbones.training_checks import NoPretrainedBaseError
 from tests.conftest import logged_messages
 from .test_explicit_modules import MODELS
@@ -36,8 +37,8 @@ def base_file(build, tmp_path):
 def test_training_a_random_frozen_base_stops_with_the_ways_out(name):
     build, size, _ = MODELS[name]
     model = build()
-    assert 'random (no base loaded)' in model.parameter_report()
-    assert 'pre-trained' not in model.parameter_report()
+    assert 'random (no base loaded)' in parameter_report(model)
+    assert 'pre-trained' not in parameter_report(model)
     with torch.no_grad():  # inference, and any forward without gradients, runs
         model(torch.randn(1, 3, size, size))
     model.eval()(torch.randn(1, 3, size, size))
@@ -48,7 +49,7 @@ def test_training_a_random_frozen_base_stops_with_the_ways_out(name):
     training_step(build(freeze_pretrained=False), size)
     meant = build(random_base=True)
     training_step(meant, size)
-    assert 'random (on purpose)' in meant.parameter_report()
+    assert 'random (on purpose)' in parameter_report(meant)
 
 
 @pytest.mark.parametrize('name', ['swin_det_window', 'vit'])
@@ -56,7 +57,7 @@ def test_a_base_from_init_cfg_or_a_checkpoint_lets_it_train(name, tmp_path):
     build, size, _ = MODELS[name]
     init_cfg, state = base_file(build, tmp_path)
     built_with = build(init_cfg=init_cfg)
-    assert built_with.pretrained_base and 'random' not in built_with.parameter_report()
+    assert built_with.pretrained_base and 'random' not in parameter_report(built_with)
     training_step(built_with, size)
     loaded = build()  # the base loaded after building: load_state_dict
     loaded.load_state_dict(state, strict=False)
