@@ -268,7 +268,8 @@ class MoPPAUnit(nn.Module):
         frequency = frequency * _expert_factors(self.experts, h, w, self.eta, device, dtype)
         route = logits.to(dtype).softmax(-1)  # (L.., E)
         mix = _mix_experts if is_capturing() else _MixExperts.apply
-        spectral_filter, field = mix(frequency, channel, route, self.experts)  # (L.., HW, C)
+        spectral_filter, field = mix(frequency, channel.to(frequency.dtype), route,
+                                     self.experts)  # (L.., HW, C) each
         if self.init_mode == 'identity':  # X + g (Y_Eq11 - X), g per channel in a head
             gate = params['gate'].to(dtype).repeat(*[1] * len(lead), self.num_heads)  # (L.., C)
             gate = gate.view(*lead, 1, -1) if lead else gate
@@ -532,34 +533,32 @@ class _MixExperts(torch.autograd.Function):
         products = _expert_products(frequency, channel)  # (L.., E, HW, C)
         grads = [grad_field if expert == 'poisson' else grad_filter for expert in ctx.experts]
         grad_products = (torch.empty_like if None not in grads else torch.zeros_like)(products)
-        grad_route = torch.zeros(products.shape[:-2], device=route.device, dtype=products.dtype)
-        for row, (expert, grad) in enumerate(zip(ctx.experts, grads)):
+        grad_route = []
+        for expert, grad, product, out, weight in zip(
+                ctx.experts, grads, products.unbind(-3), grad_products.unbind(-3),
+                route[..., None, None].unbind(-3)):  # weight: (L.., 1, 1)
             if grad is None:
+                grad_route.append(torch.zeros_like(weight[..., 0, 0]))
                 continue
-            product, out = products.select(-3, row), grad_products.select(-3, row)
-            weight = route[..., row, None, None]  # (L.., 1, 1)
             if expert == 'heat':  # d exp(p) = exp(p)
                 value = torch.exp(product)
                 torch.mul(value, grad, out=out).mul_(weight)
             elif expert == 'wave':  # d cos(p) = -sin(p)
                 value = torch.cos(product)
-                torch.mul(torch.sin(product), grad, out=out).mul_(-weight)
+                torch.mul(torch.sin(product), grad, out=out).mul_(weight).neg_()
             else:
                 value = product
                 torch.mul(grad, weight, out=out)
-            # sum(grad * value) over (HW, C), as one matmul: (L.., 1, HW*C) x (L.., HW*C, 1)
-            grad_route[..., row] = torch.matmul(grad.reshape(*grad.shape[:-2], 1, -1).to(
-                value.dtype), value.reshape(*value.shape[:-2], -1, 1))[..., 0, 0]
-        # (L.., E, H*W*N, C/N): the products' gradient reduced to each factor
-        *lead, experts, h, w, heads = frequency.shape
-        grad_products = grad_products.view(*lead, experts, h * w * heads, -1)
+            grad_route.append((grad * value).sum((-2, -1)))
+        # the products' gradient reduced to each factor, batched over (L.. * E):
+        # (H*W*N, C/N) x (C/N, 1) and (1, H*W*N) x (H*W*N, C/N)
+        grad_products = grad_products.view(-1, frequency.shape[-3:].numel(), channel.shape[-1])
         with torch.autocast(products.device.type, enabled=False):
-            grad_frequency = torch.matmul(grad_products, channel.to(products.dtype)[..., None])
-            grad_channel = torch.matmul(frequency.to(products.dtype).reshape(
-                *lead, experts, 1, -1), grad_products)
-        return (grad_frequency.view(frequency.shape).to(frequency.dtype),
-                grad_channel.view(channel.shape).to(channel.dtype),
-                grad_route.to(route.dtype), None)
+            grad_frequency = torch.bmm(grad_products, channel.reshape(-1, channel.shape[-1], 1))
+            grad_channel = torch.bmm(frequency.reshape(-1, 1, grad_products.shape[1]),
+                                     grad_products)
+        return (grad_frequency.view(frequency.shape), grad_channel.view(channel.shape),
+                torch.stack(grad_route, -1), None)
 
 
 class _Stack(torch.autograd.Function):
