@@ -242,32 +242,14 @@ class MoPPAUnit(nn.Module):
             frequency, channel = (torch.where(_softplus_rows(p.shape[-1 - trailing], trailing,
                                                              device), F.softplus(p), p)
                                   for trailing, p in ((3, frequency), (1, channel)))
-        experts = len(self.experts)
         if len(self.channel_rows) != channel.shape[-2]:  # share_time: wave reads heat's t
             channel = channel[..., self.channel_rows, :]
-        # each expert's (per frequency and head) x (per channel in a head), one
-        # product for all: (L.., E, H, W, N, C/N); heat's k (-w^2) t, wave's
-        # c |w| t, Poisson's H1 / (w^2 + eta) H2
-        products = (frequency * _expert_factors(self.experts, h, w, self.eta, device, dtype)
-                    ).unsqueeze(-1) * channel.view(*lead, experts, 1, 1, 1, -1)
-        products = products.reshape(*lead, experts, h * w, self.embed_dims)  # (L.., E, HW, C)
-        products = dict(zip(self.experts, products.unbind(len(lead))))
-        route = logits.to(dtype).softmax(-1).view(*lead, experts, 1, 1)
-        route = dict(zip(self.experts, route.unbind(len(lead))))  # (L.., 1, 1)
-        spectral_filter = field = None
-        if 'heat' in self.experts:  # a1 exp(-k w^2 t)
-            spectral_filter = torch.exp(products['heat']) * route['heat']
-        if 'wave' in self.experts:  # + a2 cos(c |w| t)
-            wave = torch.cos(products['wave'])
-            spectral_filter = wave * route['wave'] if spectral_filter is None else \
-                torch.addcmul(spectral_filter, wave, route['wave'])
-        if 'poisson' in self.experts:  # a3 H1 H2 / (w^2 + eta)
-            field = products['poisson'] * route['poisson']
-        shape = (*lead, h * w, self.embed_dims)
-        if spectral_filter is None:  # Poisson alone: the field replaces X (Eq. 9)
-            spectral_filter = torch.zeros(shape, device=device, dtype=dtype)
-        if field is None:
-            field = torch.zeros(shape, device=device, dtype=dtype)
+        # heat's k (-w^2), wave's c |w|, Poisson's H1 / (w^2 + eta): (L.., E, H, W, N)
+        frequency = frequency * _expert_factors(self.experts, h, w, self.eta, device, dtype)
+        route = logits.to(dtype).softmax(-1)  # (L.., E)
+        mix = _mix_experts if is_capturing() else _MixExperts.apply
+        spectral_filter, field = mix(frequency, channel.to(frequency.dtype), route,
+                                     self.experts)  # (L.., HW, C) each
         if self.init_mode == 'identity':  # X + g (Y_Eq11 - X), g per channel in a head
             gate = params['gate'].to(dtype).repeat(*[1] * len(lead), self.num_heads)  # (L.., C)
             gate = gate.view(*lead, 1, -1) if lead else gate
@@ -466,6 +448,85 @@ def recompute_norm(norm: nn.LayerNorm, norm_input: torch.Tensor) -> torch.Tensor
 def _promoted(first: torch.dtype, second: torch.dtype) -> torch.dtype:
     """``torch.promote_types``, remembered (a dispatched call each time)."""
     return torch.promote_types(first, second)
+
+
+def _expert_products(frequency: torch.Tensor, channel: torch.Tensor) -> torch.Tensor:
+    """Each expert's (per frequency and head) x (per channel in a head), one
+    product for all: (L.., E, H, W, N) and (L.., E, C/N) -> (L.., E, H*W, C)."""
+    *lead, experts, h, w, _ = frequency.shape
+    products = frequency.unsqueeze(-1) * channel.view(*lead, experts, 1, 1, 1, -1)
+    return products.reshape(*lead, experts, h * w, -1)
+
+
+def _mix_experts(frequency: torch.Tensor, channel: torch.Tensor, route: torch.Tensor,
+                 experts: Tuple[str, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 11's filter ``a1 exp(heat) + a2 cos(wave)`` and field ``a3
+    poisson``, each (L.., H*W, C), from the experts' factors ``frequency``
+    (L.., E, H, W, N) and ``channel`` (L.., E, C/N) and the route ``a`` (L.., E);
+    zeros for an expert not in ``experts``."""
+    products = _expert_products(frequency, channel)
+    lead = products.shape[:-3]
+    products = dict(zip(experts, products.unbind(len(lead))))  # (L.., HW, C) each
+    route = dict(zip(experts, route.view(*lead, -1, 1, 1).unbind(len(lead))))
+    spectral_filter = field = None
+    if 'heat' in experts:  # a1 exp(-k w^2 t)
+        spectral_filter = torch.exp(products['heat']) * route['heat']
+    if 'wave' in experts:  # + a2 cos(c |w| t)
+        wave = torch.cos(products['wave'])
+        spectral_filter = wave * route['wave'] if spectral_filter is None else \
+            torch.addcmul(spectral_filter, wave, route['wave'])
+    if 'poisson' in experts:  # a3 H1 H2 / (w^2 + eta)
+        field = products['poisson'] * route['poisson']
+    like = next(iter(products.values()))
+    return (torch.zeros_like(like) if spectral_filter is None else spectral_filter,
+            torch.zeros_like(like) if field is None else field)
+
+
+class _MixExperts(torch.autograd.Function):
+    """:func:`_mix_experts` keeping only its small inputs for backward: the
+    products are recomputed there and their gradients reduced to the factors
+    by two batched matmuls (autograd keeps three products-sized tensors and
+    every expert's output, and reduces by broadcast multiplies and sums)."""
+
+    @staticmethod
+    def forward(ctx, frequency, channel, route, experts):
+        ctx.experts = experts
+        ctx.save_for_backward(frequency, channel, route)
+        return _mix_experts(frequency, channel, route, experts)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_filter, grad_field):
+        frequency, channel, route = ctx.saved_tensors
+        products = _expert_products(frequency, channel)  # (L.., E, HW, C)
+        grads = [grad_field if expert == 'poisson' else grad_filter for expert in ctx.experts]
+        grad_products = (torch.empty_like if None not in grads else torch.zeros_like)(products)
+        grad_route = []
+        for expert, grad, product, out, weight in zip(
+                ctx.experts, grads, products.unbind(-3), grad_products.unbind(-3),
+                route[..., None, None].unbind(-3)):  # weight: (L.., 1, 1)
+            if grad is None:
+                grad_route.append(torch.zeros_like(weight[..., 0, 0]))
+                continue
+            if expert == 'heat':  # d exp(p) = exp(p)
+                value = torch.exp(product)
+                torch.mul(value, grad, out=out).mul_(weight)
+            elif expert == 'wave':  # d cos(p) = -sin(p)
+                value = torch.cos(product)
+                torch.mul(torch.sin(product), grad, out=out).mul_(weight).neg_()
+            else:
+                value = product
+                torch.mul(grad, weight, out=out)
+            grad_route.append((grad * value).sum((-2, -1)))
+        # the products' gradient reduced to each factor, batched over (L.. * E):
+        # (H*W*N, C/N) x (C/N, 1) and (1, H*W*N) x (H*W*N, C/N)
+        grad_products = grad_products.view(-1, frequency.shape[-3:].numel(), channel.shape[-1])
+        with torch.autocast(products.device.type, enabled=False):
+            grad_frequency = torch.bmm(grad_products, channel.reshape(-1, channel.shape[-1], 1))
+            grad_channel = torch.bmm(frequency.reshape(-1, 1, grad_products.shape[1]),
+                                     grad_products)
+        return (grad_frequency.view(frequency.shape), grad_channel.view(channel.shape),
+                torch.stack(grad_route, -1), None)
 
 
 class _Stack(torch.autograd.Function):
