@@ -458,35 +458,29 @@ def _expert_products(frequency: torch.Tensor, channel: torch.Tensor) -> torch.Te
     return products.reshape(*lead, experts, h * w, -1)
 
 
+# each expert's term of Eq. 11 from its product: a1 exp(-k w^2 t) + a2 cos(c |w| t)
+# into the filter, a3 H1 H2 / (w^2 + eta) into the field
+_TERMS = dict(heat=torch.exp, wave=torch.cos, poisson=lambda product: product)
+
+
 def _mix_experts(frequency: torch.Tensor, channel: torch.Tensor, route: torch.Tensor,
                  experts: Tuple[str, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 11's filter ``a1 exp(heat) + a2 cos(wave)`` and field ``a3
-    poisson``, each (L.., H*W, C), from the experts' factors ``frequency``
-    (L.., E, H, W, N) and ``channel`` (L.., E, C/N) and the route ``a`` (L.., E);
-    zeros for an expert not in ``experts``."""
-    products = _expert_products(frequency, channel)
-    lead = products.shape[:-3]
-    products = dict(zip(experts, products.unbind(len(lead))))  # (L.., HW, C) each
-    route = dict(zip(experts, route.view(*lead, -1, 1, 1).unbind(len(lead))))
-    spectral_filter = field = None
-    if 'heat' in experts:  # a1 exp(-k w^2 t)
-        spectral_filter = torch.exp(products['heat']) * route['heat']
-    if 'wave' in experts:  # + a2 cos(c |w| t)
-        wave = torch.cos(products['wave'])
-        spectral_filter = wave * route['wave'] if spectral_filter is None else \
-            torch.addcmul(spectral_filter, wave, route['wave'])
-    if 'poisson' in experts:  # a3 H1 H2 / (w^2 + eta)
-        field = products['poisson'] * route['poisson']
-    like = next(iter(products.values()))
-    return (torch.zeros_like(like) if spectral_filter is None else spectral_filter,
-            torch.zeros_like(like) if field is None else field)
+    """The filter and field of Eq. 11, each (L.., H*W, C), from the experts'
+    factors ``frequency`` (L.., E, H, W, N), ``channel`` (L.., E, C/N) and the
+    route ``a`` (L.., E); zeros where no expert in ``experts`` adds to one."""
+    mixed = {}
+    products = _expert_products(frequency, channel).unbind(-3)  # (L.., HW, C) each
+    for expert, product, weight in zip(experts, products, route[..., None, None].unbind(-3)):
+        term, into = _TERMS[expert](product), 'field' if expert == 'poisson' else 'filter'
+        mixed[into] = torch.addcmul(mixed[into], term, weight) if into in mixed else term * weight
+    return tuple(mixed.get(into, torch.zeros_like(products[0])) for into in ('filter', 'field'))
 
 
 class _MixExperts(torch.autograd.Function):
     """:func:`_mix_experts` keeping only its small inputs for backward: the
     products are recomputed there and their gradients reduced to the factors
     by two batched matmuls (autograd keeps three products-sized tensors and
-    every expert's output, and reduces by broadcast multiplies and sums)."""
+    every expert's output)."""
 
     @staticmethod
     def forward(ctx, frequency, channel, route, experts):
@@ -508,15 +502,12 @@ class _MixExperts(torch.autograd.Function):
             if grad is None:
                 grad_route.append(torch.zeros_like(weight[..., 0, 0]))
                 continue
-            if expert == 'heat':  # d exp(p) = exp(p)
-                value = torch.exp(product)
-                torch.mul(value, grad, out=out).mul_(weight)
-            elif expert == 'wave':  # d cos(p) = -sin(p)
-                value = torch.cos(product)
-                torch.mul(torch.sin(product), grad, out=out).mul_(weight).neg_()
-            else:
-                value = product
+            value = _TERMS[expert](product)
+            if expert == 'poisson':
                 torch.mul(grad, weight, out=out)
+            else:  # d exp(p) = exp(p), d cos(p) = -sin(p)
+                slope = value if expert == 'heat' else torch.sin(product).neg_()
+                torch.mul(slope, grad, out=out).mul_(weight)
             grad_route.append((grad * value).sum((-2, -1)))
         # the products' gradient reduced to each factor, batched over (L.. * E):
         # (H*W*N, C/N) x (C/N, 1) and (1, H*W*N) x (H*W*N, C/N)

@@ -377,3 +377,26 @@ def test_spectrum_recomputed_from_the_norm_input_in_mixed_precision(dtype):
         results.append([src.grad] + [p.grad for p in unit.parameters()])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize('experts', [
+    ('heat', 'wave', 'poisson'), ('heat', ), ('wave', 'poisson'), ('poisson', )])
+@pytest.mark.parametrize('lead', [(), (3, )])
+def test_the_mix_of_experts_gradient_is_autograds(experts, lead):
+    """The mix's own backward (it recomputes the products) against finite
+    differences, and its values and gradients against the plain path that
+    compilers and exporters trace."""
+    from moppa_mm.operators.moppa_unit import _MixExperts, _mix_experts
+    torch.manual_seed(0)
+    inputs = (torch.randn(*lead, len(experts), 4, 5, 2, dtype=torch.float64),
+              torch.randn(*lead, len(experts), 3, dtype=torch.float64),
+              torch.randn(*lead, len(experts), dtype=torch.float64).softmax(-1))
+    inputs = [tensor.requires_grad_() for tensor in inputs]
+    assert torch.autograd.gradcheck(lambda *args: _MixExperts.apply(*args, experts), inputs)
+    mixed, plain = _MixExperts.apply(*inputs, experts), _mix_experts(*inputs, experts)
+    outputs = [index for index in range(2) if plain[index].requires_grad]
+    weights = [torch.randn_like(mixed[index]) for index in outputs]
+    ours = torch.autograd.grad([mixed[i] for i in outputs], inputs, weights)
+    theirs = torch.autograd.grad([plain[i] for i in outputs], inputs, weights)
+    for a, b in list(zip(mixed, plain)) + list(zip(ours, theirs)):
+        torch.testing.assert_close(a, b)
