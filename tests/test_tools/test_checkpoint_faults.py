@@ -127,11 +127,11 @@ def test_test_tool_refuses_nan_adapter_checkpoint(in_demo):
 def test_tools_refuse_nan_pretrained_checkpoint(in_demo, mode):
     args = [CONFIG, '--cfg-options', f'{INIT_CFG}=nan_pretrained.pth', '--work-dir', 'work']
     if mode == 'test':
-        args.insert(1, PRETRAINED)  # any checkpoint: the pre-trained one is checked too
+        args.insert(1, PRETRAINED)  # any checkpoint: the backbone's build stops first
     with pytest.raises(CheckpointLoadError,
-                       match=rf"{INIT_CFG} = 'nan_pretrained.pth' holds NaN or infinite "
-                             r"values in 1 tensor: state_dict\.backbone\.layers\.1\.attn\."
-                             r"qkv\.bias \(1 of 96\)"):
+                       match=rf"{INIT_CFG} = 'nan_pretrained.pth': MoPPAVisionTransformer: the "
+                             r"checkpoint holds NaN or infinite values in 1 tensor: "
+                             r"layers\.1\.attn\.qkv\.bias \(1 of 96\)"):
         run_tool(mode, args)
 
 
