@@ -262,14 +262,13 @@ def _registered(registries, type_name) -> Optional[type]:
     return None
 
 
-def _has_moppa_backbone(model) -> bool:
-    from mmdet.registry import MODELS as MMDET_MODELS
-    from mmpretrain.registry import MODELS as MMPRETRAIN_MODELS
+def _is_moppa(node) -> bool:
+    """Whether a config dict builds a MoPPA backbone (in any package's registry)."""
+    from mmengine.registry import MODELS
 
     from moppa_mm.models.backbones.adapter_mixin import AdapterMixin
-    return any(issubclass(cls, AdapterMixin) for _, node in _dicts(model, 'model')
-               for cls in [_registered((MMDET_MODELS, MMPRETRAIN_MODELS), node.get('type'))]
-               if isinstance(cls, type))
+    cls = _registered([MODELS, *MODELS.children.values()], node.get('type'))
+    return isinstance(cls, type) and issubclass(cls, AdapterMixin)
 
 
 def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> None:
@@ -281,7 +280,7 @@ def _check_adapter_checkpoint_fits(cfg, where: str, path: str, checkpoint) -> No
     state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
     records = [key for key, value in state.items()
                if key.endswith(RECORD_KEY) and decode_record(value) is not None]
-    if records and not _has_moppa_backbone(cfg.get('model') or {}):
+    if records and not any(_is_moppa(node) for _, node in _dicts(cfg.get('model') or {}, '')):
         backbone = decode_record(state[records[0]]).get('backbone')
         raise InputValueError(
             f'the checkpoint {where} = {path!r} is a MoPPA adapter checkpoint (of a '
@@ -329,14 +328,21 @@ def _check_work_dir(work_dir: str) -> None:
                               'not a folder; pass a folder for the logs and checkpoints')
 
 
-def _pretrained_checkpoints(model) -> Iterator[Tuple[str, str, Optional[str]]]:
-    """``(config key, path, prefix)`` of every ``Pretrained`` init_cfg."""
+def _pretrained_checkpoints(model) -> Iterator[Tuple[str, str, Optional[str], Optional[str]]]:
+    """``(config key, path, prefix, type)`` of every ``Pretrained`` init_cfg but a
+    MoPPA backbone's, which it reads and checks when built (the file read once):
+    of that one, only a missing file stops here (the backbone would warn)."""
     for where, node in _dicts(model, 'model'):
         init_cfg = node.get('init_cfg')
+        read_when_built = isinstance(init_cfg, dict) and _is_moppa(node)
         for item in init_cfg if isinstance(init_cfg, list) else [init_cfg]:
             if isinstance(item, dict) and item.get('type') == 'Pretrained' \
                     and item.get('checkpoint'):
-                yield f'{where}.init_cfg.checkpoint', item['checkpoint'], item.get('prefix')
+                key, path = f'{where}.init_cfg.checkpoint', item['checkpoint']
+                if not read_when_built:
+                    yield key, path, item.get('prefix'), node.get('type')
+                elif not _is_remote(path) and not osp.isfile(osp.expanduser(path)):
+                    raise InputNotFoundError(f'checkpoint {key} = {path!r} not found')
 
 
 def _datasets(cfg, mode: str) -> Iterator[Tuple[str, dict]]:
@@ -396,7 +402,7 @@ def check_config(cfg, mode: str = 'train') -> None:
     from moppa_mm.utils.release_formats import check_converted
     checkpoints = list(_pretrained_checkpoints(cfg.get('model', {})))
     if cfg.get('load_from'):
-        checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None))
+        checkpoints.append((_load_from_name(cfg, mode), cfg.load_from, None, None))
     elif mode == 'train' and cfg.get('resume') and cfg.get('work_dir') \
             and not _is_remote(cfg.work_dir):
         # what last_checkpoint names (where it names nothing whole,
@@ -404,15 +410,14 @@ def check_config(cfg, mode: str = 'train') -> None:
         latest = find_latest_checkpoint(cfg.work_dir)
         if latest and osp.isfile(latest):
             checkpoints.append(('to resume from (--resume: the latest in work_dir)',
-                                latest, None))
-    for where, path, prefix in checkpoints:
+                                latest, None, None))
+    for where, path, prefix, type_name in checkpoints:
         if _is_remote(path):
             continue
         # missing, empty, truncated, unsafe, or NaN / infinite values
         checkpoint = load_checkpoint_file(path, what=f'checkpoint {where} =', mmap=True)
         if prefix:  # a release not converted to the prefixed keys
-            check_converted(path, checkpoint, prefix, where, backbone=cfg.get('model', {}).get(
-                'backbone', {}).get('type') if where.startswith('model.backbone.') else None)
+            check_converted(path, checkpoint, prefix, where, backbone=type_name)
         else:
             _check_adapter_checkpoint_fits(cfg, where, path, checkpoint)
     for where, ds in _datasets(cfg, mode):

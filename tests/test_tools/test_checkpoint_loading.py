@@ -110,10 +110,7 @@ def test_crafted_pretrained_checkpoint_is_refused(trained, tmp_path):
     evil = crafted_checkpoint(tmp_path / 'evil_swin.pth', marker)
     cfg = copy.deepcopy(trained['cfg'])
     cfg.model.backbone.init_cfg.checkpoint = evil
-    with pytest.raises(CheckpointLoadError) as info:  # tools/train.py, tools/test.py
-        check_config(cfg, mode='train')
-    assert_refused(str(info.value), evil, marker)
-    with pytest.raises(CheckpointLoadError) as info:  # any other path
+    with pytest.raises(CheckpointLoadError) as info:  # under every tool: the backbone's build
         build_detector(cfg).init_weights()
     assert_refused(str(info.value), evil, marker)
     assert 'init_cfg.checkpoint' in str(info.value)
@@ -126,8 +123,6 @@ def test_broken_pretrained_checkpoint_is_named(trained, tmp_path, damage):
         dst.write(b'' if damage == 'empty' else src.read()[:4096])
     cfg = copy.deepcopy(trained['cfg'])
     cfg.model.backbone.init_cfg.checkpoint = broken
-    with pytest.raises(CheckpointLoadError, match='broken_swin.pth'):
-        check_config(cfg, mode='train')
     with pytest.raises(CheckpointLoadError, match=f'broken_swin.pth.*{damage}'):
         build_detector(cfg).init_weights()
 

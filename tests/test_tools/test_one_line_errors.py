@@ -116,7 +116,7 @@ def test_truncated_checkpoint_is_one_line(shapes_data, tmp_path):
     cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
     cfg.model.backbone.init_cfg.checkpoint = str(half)
     run = run_train(cfg, tmp_path)
-    assert_one_line(run, 'checkpoint model.backbone.init_cfg.checkpoint =')
+    assert_one_line(run, 'pre-trained checkpoint model.backbone.init_cfg.checkpoint =')
     assert 'without its end' in run.stderr
     assert len(run.stderr.strip().splitlines()[-1]) > 50  # the one line says it all
 

@@ -1,7 +1,8 @@
 """The pre-trained base file is read once per Runner build (``runner.train()``'s
-``init_weights()`` included) and once per inference-API call, and the model
-holds that base after the model around the backbone has initialised it (an
-mmpretrain classifier's ``init_cfg`` writes TruncNormal over every Linear)."""
+``init_weights()`` included), per run of our tools/train.py and test.py and per
+inference-API call, and the model holds that base after the model around the
+backbone has initialised it (an mmpretrain classifier's ``init_cfg`` writes
+TruncNormal over every Linear)."""
 import builtins
 import os.path as osp
 
@@ -15,8 +16,9 @@ from demo.vtab_task import prepare_cls_demo
 from moppa_mm.models import MoPPASwinTransformer
 from moppa_mm.models.backbones.adapter_params import is_adapter_key
 from tests.conftest import VTAB_DEMO_DATA, tiny_detection_cfg
+from tests.test_tools.test_checkpoint_faults import run_tool
 
-pytestmark = pytest.mark.slow  # two Runners train an epoch / an iteration
+pytestmark = pytest.mark.slow  # Runners train an epoch / an iteration
 
 DEIT_TINY = """_base_ = 'mmpretrain::deit/deit-tiny_4xb256_in1k.py'
 custom_imports = dict(imports=['moppa_mm'], allow_failed_imports=False)
@@ -61,16 +63,23 @@ def assert_holds_the_base_of(backbone, reference):
         torch.testing.assert_close(value, expected[key], atol=0, rtol=0, msg=key)
 
 
-def test_a_classifier_reads_its_base_once_and_keeps_it_through_init(tmp_path, reads_of):
-    from mmpretrain.apis import get_model
-    from mmpretrain.registry import MODELS
+@pytest.fixture
+def deit(tmp_path):
+    """The tiny DeiT config on the VTAB demo task and its converted base file."""
     data = prepare_cls_demo(str(tmp_path / 'vtab'))
     pretrained = save_backbone(convert(data['mae_checkpoint'], 'mae'),
                                str(tmp_path / 'vit_mmpretrain.pth'))
     config = tmp_path / 'deit.py'
     config.write_text(DEIT_TINY.format(pretrained=pretrained, root=str(tmp_path / 'vtab'),
                                        work_dir=str(tmp_path / 'work')))
-    cfg = Config.fromfile(str(config))
+    return str(config), pretrained
+
+
+def test_a_classifier_reads_its_base_once_and_keeps_it_through_init(tmp_path, deit, reads_of):
+    from mmpretrain.apis import get_model
+    from mmpretrain.registry import MODELS
+    config, pretrained = deit
+    cfg = Config.fromfile(config)
     assert cfg.model.init_cfg[0]['type'] == 'TruncNormal'  # writes over the base
     reference = MODELS.build(dict(cfg.model.backbone, _scope_='mmpretrain'))
     reads = reads_of(pretrained)
@@ -82,6 +91,19 @@ def test_a_classifier_reads_its_base_once_and_keeps_it_through_init(tmp_path, re
     model = get_model(cfg, pretrained=str(tmp_path / 'work' / 'epoch_1.pth'))
     assert len(reads) == 1
     assert_holds_the_base_of(model.backbone, reference)
+
+
+def test_our_tools_read_the_base_once(tmp_path, deit, reads_of):
+    """tools/train.py and tools/test.py check the config before the Runner is
+    built, but leave the base to the backbone, which reads and checks it when
+    built (a Swin-B base is ~350 MB)."""
+    config, pretrained = deit
+    reads = reads_of(pretrained)
+    run_tool('train', [config])
+    assert len(reads) == 1
+    reads.clear()
+    run_tool('test', [config, str(tmp_path / 'work' / 'epoch_1.pth')])
+    assert len(reads) == 1
 
 
 def test_a_detector_reads_its_base_once(shapes_data, tmp_path, reads_of):
