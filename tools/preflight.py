@@ -1,10 +1,6 @@
-"""What ``tools/train.py`` and ``tools/test.py`` share: the config read
-(:func:`load_config`), the checks that fail in seconds, with the culprit
-named, instead of hours in (:func:`check_config`, on the final config), and
-the Runner built after them (:func:`build_runner`); our verdicts print as one
-line (:func:`run_main`). A module of the tools (``tools/`` on ``sys.path``, as
-a script there sees it), not of the package.
-"""
+"""What ``tools/train.py`` and ``tools/test.py`` share (a module of the tools, not
+of the package): the config read, the checks that fail in seconds with the
+culprit named (:func:`check_config`), the Runner built after them."""
 import argparse
 import difflib
 import json

@@ -1,6 +1,5 @@
-"""The options of a MoPPA backbone's units: validated once, with the shipped
-recipe as defaults, and written into every checkpoint as part of the adapter
-record (:mod:`moppa_mm.models.backbones.adapter_record`)."""
+"""The options of a MoPPA backbone's units: validated once, the shipped recipe
+as defaults, recorded in every checkpoint (the adapter record)."""
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Tuple
 

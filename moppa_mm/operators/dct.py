@@ -3,11 +3,8 @@
 ``DCT2(X) = C_H @ X @ C_W^T`` (``C_N`` the orthonormal DCT-II matrix; the
 inverse is its transpose). On tokens (B, H*W, C), a grid flattened row-major,
 it runs as ``bmm`` with a basis expanded to the batch: ``'kron'``, ONE matmul
-with ``C_H (x) C_W`` (HW, HW), one pass over the tensor (leading extra tokens
-pass through an identity block), or ``'separable'``, along H then along W.
-``'auto'`` takes Kronecker up to ``KRON_MAX_TOKENS[device type]`` grid tokens
-(docs/performance.md; other device types take the CPU's). Bases are cached per
-(size, device, dtype), except what a graph capture builds (:func:`_cached`).
+with ``C_H (x) C_W`` (HW, HW), or ``'separable'``, along H then along W
+(:func:`dct_method`; docs/performance.md).
 """
 import math
 from typing import Dict, Tuple, Union
@@ -159,8 +156,7 @@ def dct2d(x: torch.Tensor, method: str = 'auto', inverse: bool = False) -> torch
     return dct_tokens(tokens, (h, w), method, inverse).view(x.shape)
 
 
-def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:
-    """Inverse of :func:`dct2d` (orthonormal DCT-III) over (H, W)."""
+def idct2d(x: torch.Tensor, method: str = 'auto') -> torch.Tensor:  # dct2d's inverse
     return dct2d(x, method, inverse=True)
 
 

@@ -615,7 +615,6 @@ def route_loss_weight(base_weight: float, progress: float, total: float) -> floa
 
 
 def moppa_units(module: nn.Module):
-    """All MoPPA units inside ``module``."""
     return [m for m in module.modules() if isinstance(m, MoPPAUnit)]
 
 

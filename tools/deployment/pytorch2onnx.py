@@ -53,32 +53,25 @@ def lowest_opset(exporter: str, backbone_type: str) -> int:
     return 11 if 'Swin' in backbone_type else 14
 
 
-def highest_opset(exporter: str) -> int:
-    """The highest opset the installed torch's ``exporter`` supports."""
-    return torch_onnx_limits.ONNX_MAX_OPSET if exporter == 'dynamo' else \
-        torch_onnx_limits.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
-
-
 def check_arguments(args, cfg) -> None:
-    """Refuse a non-positive ``--shape``, a negative ``--atol`` and an
-    ``--opset`` the exporter does not write for the config's backbone, before
-    the model is built."""
+    """Refuse a bad ``--shape``, ``--atol`` or ``--opset`` before the model is built."""
     if args.shape is not None and min(args.shape) < 1:
         raise ExportError(f'--shape {args.shape[0]} {args.shape[1]}: the height and width '
                           'must be positive')
     backbone = str(cfg.model.get('backbone', {}).get('type', ''))
     if not args.atol >= 0:  # NaN too
         raise ExportError(f'--atol {args.atol:g}: the tolerance must be zero or positive')
-    lowest, highest = lowest_opset(args.exporter, backbone), highest_opset(args.exporter)
+    lowest = lowest_opset(args.exporter, backbone)  # the installed torch's highest:
+    highest = torch_onnx_limits.ONNX_MAX_OPSET if args.exporter == 'dynamo' else \
+        torch_onnx_limits.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
     if not lowest <= args.opset <= highest:
         raise ExportError(f'--opset {args.opset}: the {args.exporter} exporter writes opsets '
                           f'{lowest} to {highest} for a {backbone} (torch {torch.__version__})')
 
 
 def check_shape(module: nn.Module, shape: Sequence[int]) -> None:
-    """Run ``module`` once on a (1, 3, H, W) batch: what the model refuses (a
-    merged unit on another grid) is named here rather than inside an
-    exporter."""
+    """Run ``module`` once on a (1, 3, H, W) batch: what the model refuses (a merged
+    unit on another grid) is named here rather than inside an exporter."""
     try:
         with torch.no_grad():
             module(torch.zeros(1, 3, *shape))
@@ -145,8 +138,7 @@ def build_model(cfg) -> nn.Module:
 
 
 def load_model(cfg, checkpoint: str) -> nn.Module:
-    """The config's model with the checkpoint loaded (every key:
-    ``strict``), in eval mode."""
+    """The config's model with the checkpoint loaded strictly, in eval mode."""
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
     state = load_checkpoint_file(checkpoint, what='checkpoint', mmap=True)
     _check_adapter_checkpoint_fits(cfg, 'CHECKPOINT', checkpoint, state)

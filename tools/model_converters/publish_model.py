@@ -81,8 +81,6 @@ def publish(in_file: str, out_file: str, merge_base: bool = False,
     torch.save(checkpoint, buffer)
     data = buffer.getvalue()
     final_file = f'{stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth'
-    # temporary file, fsync, rename: a full or read-only disk raises an
-    # OSError naming the file and leaves nothing behind
     atomic_write(final_file, data, what='published checkpoint')
     return final_file
 

@@ -1,10 +1,4 @@
-"""What the MoPPA backbones share: :class:`AdapterMixin`, their build and merge.
-
-The other concerns are one hop away: :mod:`.route_loss` (the mixin's base),
-:mod:`.adapter_params`, :mod:`.adapter_record`, :mod:`.model_hooks` (put on the
-model through torch's module-registration hook, :func:`_hook_the_model`),
-:mod:`.load_check`, :mod:`.training_checks`.
-"""
+"""What the MoPPA backbones share: :class:`AdapterMixin`, their build and merge."""
 import logging
 import os.path as osp
 import weakref
@@ -174,8 +168,7 @@ class AdapterMixin(RouteLossMixin):
             print_log('\n' + parameter_report(self), logger='current')
         self.is_init = True
 
-    def _base_tensors(self):
-        """``(name, tensor)`` of the parameters and buffers not the adapters'."""
+    def _base_tensors(self):  # the parameters and buffers not the adapters'
         return [(name, tensor) for name, tensor in chain(
             self.named_parameters(), self.named_buffers()) if not is_adapter_key(name)]
 
@@ -197,8 +190,7 @@ class AdapterMixin(RouteLossMixin):
         if self._base is not None:  # the load names no file: this is where it came from
             self._base.update(checkpoint=_as_recorded(checkpoint), prefix=prefix)
 
-    def get_extra_state(self) -> torch.Tensor:
-        """The adapter record, ``_extra_state`` in every state dict."""
+    def get_extra_state(self) -> torch.Tensor:  # the adapter record, in every state dict
         return encode_record(adapter_record(self))
 
     def set_extra_state(self, state: Any) -> None:

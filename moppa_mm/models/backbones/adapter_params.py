@@ -1,6 +1,5 @@
-"""Which parameters of a MoPPA backbone are adapters, which its frozen base:
-the one predicate (:data:`ADAPTER_GROUPS`), what an adapter-only checkpoint
-leaves out (:func:`frozen_base_keys`), the table every build logs."""
+"""Which parameters of a MoPPA backbone are adapters (:data:`ADAPTER_GROUPS`),
+which its frozen base (:func:`frozen_base_keys`); the table every build logs."""
 from typing import Dict, List, Sequence, Tuple
 
 import torch.nn as nn

@@ -1,8 +1,6 @@
 """The adapter record: what a MoPPA checkpoint says of itself, under the key
 ``<backbone>._extra_state`` (UTF-8 JSON in a uint8 tensor: every state-dict
-value stays a tensor). The backbone writes how its adapters were built and on
-which base; the model that holds it adds its class, its other tensors' shapes
-and the digest of all it saves (:func:`.model_hooks.save_adapter_state`).
+value stays a tensor); the model adds to it (:func:`.model_hooks.save_adapter_state`).
 """
 import hashlib
 import json
@@ -45,13 +43,11 @@ def adapter_record(backbone: nn.Module) -> Dict[str, Any]:
 
 
 def encode_record(record: Dict[str, Any]) -> torch.Tensor:
-    """The record as a state-dict value: a uint8 tensor of UTF-8 JSON."""
     data = json.dumps(record, sort_keys=True).encode('utf-8')
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether containers nest more than ``limit`` levels (iteratively)."""
+def _deeper_than(value: Any, limit: int) -> bool:  # iteratively
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()

@@ -1,8 +1,6 @@
 """The one check every load into a MoPPA model runs: :func:`checkpoint_problems`
-(pure: what comes in and the model -> the problems of the table :data:`PROBLEMS`),
-raised or warned of by :func:`load_checked`, which then gives the load what it
-lacks. The adapter bank runs it too, ``publish_model.py`` :func:`stored_problems`.
-"""
+(pure: what comes in and the model -> the problems of :data:`PROBLEMS`), raised
+or warned of by :func:`load_checked`, which then gives the load what it lacks."""
 import json
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -381,8 +379,6 @@ def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, i
                   logger='current', level=logging.WARNING)
     incoming = {k[len(inside):]: v for k, v in state.items() if k.startswith(inside)}
     record = decode_record(incoming.pop(RECORD_KEY, None))
-    own = backbone.state_dict()
-    own.pop(RECORD_KEY)
     recorded = (record or {}).get('base') or {}
     # the base now in the model (what the mixin's pretrained_base reports)
     if backbone.merged:
@@ -391,7 +387,7 @@ def load_checked(backbone: nn.Module, state_dict: Dict[str, Any], prefix: str, i
             not any(is_adapter_key(k) for k in incoming):  # a base, or one with adapters
         backbone._base = dict(checkpoint=recorded.get('checkpoint'), prefix=recorded.get('prefix'),
                               fingerprint=base_fingerprint(backbone, incoming))
-    for key, value in own.items():  # the rest keeps what the model has: no
+    for key, value in backbone.state_dict().items():  # the rest keeps the model's: no
         state_dict.setdefault(prefix + inside + key, value)  # missing-key noise
     for key, value in (around or {}).items():  # heads of another shape start anew
         given = state_dict.get(prefix + key)

@@ -1,9 +1,6 @@
-"""The hooks a MoPPA backbone puts on the model that holds it, so that a config
-changes only the backbone: :func:`add_route_loss`, :func:`save_adapter_state`,
-:func:`check_load`, each ``partial(hook, backbone, name)`` (a ``deepcopy`` of the
-model hooks the copied backbone), put there by :func:`attach` (torch's
-module-registration hook: :mod:`.adapter_mixin`).
-"""
+"""The hooks a MoPPA backbone puts on the model that holds it (:func:`attach`), so
+that a config changes only the backbone; each ``partial(hook, backbone, name)``:
+a ``deepcopy`` of the model hooks the copied backbone."""
 import functools
 import inspect
 from typing import List, NamedTuple, Optional
@@ -19,8 +16,7 @@ from .load_check import load_checked
 from .route_loss import running_hub
 
 
-class HeldBy(NamedTuple):
-    """The model that holds a backbone: its class, the backbone's name, the hooks."""
+class HeldBy(NamedTuple):  # the model that holds a backbone
     model: str
     name: str
     handles: List[RemovableHandle]

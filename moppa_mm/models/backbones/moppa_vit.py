@@ -1,7 +1,5 @@
-"""The MoPPA Vision Transformer, written once (:class:`ViTAdapterMixin`), and
-its MMPretrain registration (paper Sec. 4, Tables 2-4); MMSegmentation's is in
-:mod:`.moppa_vit_seg`.
-"""
+"""The MoPPA Vision Transformer, written once (:class:`ViTAdapterMixin`), and its
+MMPretrain registration (paper Sec. 4, Tables 2-4); MMSegmentation's: :mod:`.moppa_vit_seg`."""
 import math
 from typing import Dict, Optional, Tuple
 
@@ -73,17 +71,13 @@ class MoPPAEncoderLayer(TransformerEncoderLayer):
 
 class ViTAdapterMixin(AdapterMixin):
     """The MoPPA ViT, mixed into a package's ``VisionTransformer`` (before
-    it). The package's ViT builds its layers itself: after its ``__init__``
-    every layer's class is swapped in place for its MoPPA subclass
-    (``LAYER_CLASSES``, whose forward runs the unit; the same module, so base
-    parameter names stay the checkpoints' keys: mmpretrain's, timm's and JAX's
-    through ``tools/model_converters/vit_to_mmpretrain.py``, mmseg's). Each
-    layer gets a MoPPA unit before self-attention, on the patch-token grid at
-    ``img_size`` (extra tokens pass unchanged), plus scale & shift (RLRR/SSF
-    style, paper supplementary) on the patch embedding, the attention
-    (:meth:`_attach_scale_shift`) and both MLP layers. The units need the patch
-    grid, which only the patch embedding knows (63 tokens may be 7 x 9 or 9 x
-    7): the package's class writes out its ``forward`` with the grid.
+    it). After its ``__init__`` every layer's class is swapped in place for its
+    MoPPA subclass (``LAYER_CLASSES``): base parameter names stay the
+    checkpoints' keys. Each layer gets a MoPPA unit before self-attention, on
+    the patch-token grid at ``img_size``, plus scale & shift (RLRR/SSF style,
+    paper supplementary) on the patch embedding, the attention and both MLP
+    layers. The units need the patch grid, which only the patch embedding knows
+    (63 tokens may be 7 x 9 or 9 x 7): the package's ``forward`` is written out.
 
     Args:
         moppa_cfg (dict | MoPPAConfig, optional): The units' options
@@ -136,7 +130,6 @@ class ViTAdapterMixin(AdapterMixin):
         self._build_base(merged)
 
     def _attach_scale_shift(self, layer: nn.Module) -> None:
-        """Scale & shift the layer's value and output projections and MLP."""
         attach_scale_shift(layer.attn, layer.ffn, self.embed_dims)
 
     def arch_record(self) -> dict:

@@ -1,8 +1,5 @@
-"""The route regularisation as part of the model (paper Eqs. 12-13):
-``loss_route = w * max(1 - 2T / T_total, 0) * L_reg`` into the loss dict of the
-model holding the backbone (:func:`.model_hooks.add_route_loss`), ``T`` and
-``T_total`` from a running train loop or :meth:`RouteLossMixin.set_route_progress`.
-"""
+"""The route regularisation (paper Eqs. 12-13) as part of the model, ``loss_route``
+in the loss dict of the model holding the backbone (:func:`.model_hooks.add_route_loss`)."""
 from typing import Optional, Tuple
 
 import torch

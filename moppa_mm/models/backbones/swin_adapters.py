@@ -1,8 +1,5 @@
 """The MoPPA Swin, written once for mmdet's, mmpretrain's and mmseg's Swin (the
-same block structure): its adapters, the mixins of the packages' layer classes
-that run them, and :class:`SwinAdapterMixin`, which adds them. Each package's
-file declares its classes over these (:mod:`.moppa_swin` and its siblings).
-"""
+same block structure); each package's file declares its classes over these."""
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -43,7 +40,6 @@ class SwinConvAdapter(ConvAdapter):
 
     def forward_tokens(self, tokens: torch.Tensor, norm_input: torch.Tensor,
                        norm: nn.Module, hw_shape: Tuple[int, int]) -> torch.Tensor:
-        """The adapter on ``tokens = norm(norm_input)``, an (H, W) grid."""
         if not self.enabled:
             return tokens
         return self.forward_after_norm(tokens, norm_input, norm, hw_shape)  # (B, H*W, C)

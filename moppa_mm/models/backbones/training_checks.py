@@ -1,11 +1,7 @@
 """The checks of a MoPPA backbone with a frozen base as training starts, under
 any tool or plain PyTorch: a random base stops the first training forward
-(:func:`check_base`); adapters at another lr than the optimizer's stop the first
-step (:class:`FirstStepCheck`), as a config written for a backbone that trains
-whole scales it (``custom_keys={'backbone': dict(lr_mult=0.1)}``). The optimizer
-is built where the backbone cannot see the config: the check is a one-shot
-global optimizer step pre-hook, with a filter on the current logger that turns
-mmengine's warning per frozen parameter into one line.
+(:func:`check_base`); adapters at another lr than the optimizer's (built where
+the backbone cannot see the config) stop the first step (:class:`FirstStepCheck`).
 """
 import logging
 import math
@@ -119,15 +115,12 @@ class FirstStepCheck:
         _checks.remove(self)
 
 
-def _remove_finished(*step) -> None:
-    """Remove the checks that ran or whose backbone is gone (not while torch
-    goes through its hooks)."""
+def _remove_finished(*step) -> None:  # not while torch goes through its hooks
     for check in [c for c in _checks if c.done or c.backbone() is None]:
         check.remove()
 
 
 def watch_first_step(backbone: nn.Module) -> None:
-    """Register the backbone's one-shot checks (when it is built)."""
     _remove_finished()
     _checks.append(FirstStepCheck(backbone))
 

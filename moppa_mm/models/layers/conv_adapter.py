@@ -91,8 +91,7 @@ def _as_layout_of(feature_map: torch.Tensor, like: torch.Tensor) -> torch.Tensor
 
 
 def _conv_backward(grad, inputs, weight, padding, needs):
-    """``convolution_backward`` of a stride-1 ``conv2d``: the gradients of its
-    input, weight and bias (those ``needs`` asks for) in one call."""
+    """A stride-1 ``conv2d``'s input, weight and bias gradients ``needs`` asks for."""
     return torch.ops.aten.convolution_backward(
         grad, inputs, weight, [weight.shape[0]], [1, 1], [padding] * 2, [1, 1], False, [0, 0],
         1, list(needs))

@@ -196,6 +196,5 @@ def attach_scale_shift(attn: nn.Module, ffn: nn.Module, dims: int) -> None:
 
 
 def attach_ffn_scale_shift(ffn: nn.Module) -> None:
-    """Scale & shift both linear layers of ``ffn`` (mmcv's ``FFN``)."""
     LinearScaleShift.convert(ffn.layers[0][0])
     LinearScaleShift.convert(ffn.layers[1])
