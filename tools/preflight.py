@@ -390,6 +390,14 @@ def check_config(cfg, mode: str = 'train') -> None:
     if mode not in SPLITS:
         raise InputValueError(f'mode must be one of {tuple(SPLITS)}, got {mode!r}')
     _check_our_type_names(cfg)
+    model = cfg.get('model') or {}
+    if (model.get('head') or {}).get('type') == 'DeiTClsHead' and \
+            _is_moppa(model.get('backbone') or {}):  # else: a raw unpacking error at step 1
+        raise InputValueError(
+            "model.head.type = 'DeiTClsHead' reads the distillation token of mmpretrain's "
+            'DistilledVisionTransformer, which MoPPA does not stand in for: keep '
+            "model.backbone.type='DistilledVisionTransformer', or give the MoPPA backbone a "
+            "head of one token (type='VisionTransformerClsHead')")
     if mode == 'train':
         _check_amp_device(cfg)
     if cfg.get('work_dir') and not _is_remote(cfg.work_dir):
@@ -471,6 +479,11 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
         cfg = Config(cfg.to_dict(), cfg_text=cfg.text, filename=cfg.filename,
                      format_python_code=False)
     cfg.launcher = launcher
+    for key in cfg_options or {}:  # mmengine adds a misspelt key, and nothing reads it
+        close = difflib.get_close_matches(key.split('.')[0], list(cfg), n=1, cutoff=0.9)
+        if key.split('.')[0] not in cfg and close:
+            raise InputValueError(f'--cfg-options {key}: the config has no key '
+                                  f"{key.split('.')[0]!r}: did you mean {close[0]!r}?")
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     if work_dir is not None:

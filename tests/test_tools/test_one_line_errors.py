@@ -327,3 +327,35 @@ def test_an_adapter_checkpoint_given_as_the_base_is_one_line(cls_demo, tmp_path,
                     'MoPPAVisionTransformer: the checkpoint holds adapters and no '
                     'pre-trained weights: an adapter checkpoint, not a pre-trained base.')
     assert f"(recorded: '{cls_demo}/data/vtab_demo/vit_demo_mmpretrain.pth')" in run.stderr
+
+
+def test_a_misspelt_key_in_cfg_options_is_one_line(shapes_data, tmp_path):
+    """mmengine adds a key the config lacks, and nothing reads it: the run
+    would train at the config's settings, exit 0. A key within a typo of one
+    the config has stops; a new key far from every one is added."""
+    from mmengine.config import Config
+    from preflight import load_config
+    cfg = tiny_detection_cfg(shapes_data, tmp_path / 'work', max_iters=1)
+    run = run_train(cfg, tmp_path, '--cfg-options', 'optim_wraper.optimizer.lr=0.1')
+    assert_one_line(run, "--cfg-options optim_wraper.optimizer.lr: the config has no key "
+                    "'optim_wraper': did you mean 'optim_wrapper'?")
+    config = Config(dict(val_dataloader=dict(batch_size=1))).dump(tmp_path / 'small.py')
+    loaded = load_config(str(tmp_path / 'small.py'), cfg_options={
+        'train_dataloader.batch_size': 2, 'custom_hooks': []})
+    assert loaded.train_dataloader.batch_size == 2 and loaded.custom_hooks == [] and config is None
+
+
+def test_a_distilled_deit_head_on_a_moppa_vit_is_one_line():
+    """DeiTClsHead unpacks the class and distillation tokens of mmpretrain's
+    DistilledVisionTransformer; on a MoPPA ViT it fails at the first step."""
+    from mmengine.config import Config
+    from preflight import check_config
+    cfg = Config(dict(model=dict(
+        type='ImageClassifier', backbone=dict(type='MoPPAVisionTransformer', arch='deit-tiny'),
+        head=dict(type='DeiTClsHead', num_classes=10, in_channels=192))))
+    with pytest.raises(MoPPAInputError, match="model.head.type = 'DeiTClsHead' reads the "
+                       "distillation token .* keep model.backbone.type="
+                       "'DistilledVisionTransformer'"):
+        check_config(cfg)
+    cfg.model.backbone.type = 'DistilledVisionTransformer'
+    check_config(cfg)  # the upstream pair stays
