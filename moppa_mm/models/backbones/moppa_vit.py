@@ -166,7 +166,8 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         if isinstance(arch, str) and arch.lower() in ('s', 'small', 'm', 'medium'):
             raise InputValueError(
                 f'MoPPAVisionTransformer: model.backbone.arch = {arch!r} is a DeiT3 / ViTEVA02 '
-                "arch (a 384-d or 512-d ViT), which MoPPA does not stand in for: keep that type "
+                "arch (a 384-d or 512-d ViT), which MoPPA does not stand in for: keep "
+                "type='DeiT3' (or 'ViTEVA02') "
                 "(mmpretrain VisionTransformer's 768-d, 8-layer 's' is given as an arch dict; "
                 "DeiT's small ViT is arch='deit-s')")
         layer_cfgs = kwargs.get('layer_cfgs') or {}
@@ -186,14 +187,15 @@ class MoPPAVisionTransformer(ViTAdapterMixin, VisionTransformer):
         tokens = pos_embed.shape[1] if isinstance(pos_embed, torch.Tensor) \
             and pos_embed.dim() == 3 else 0  # (1, extra + H*W, C)
         if prefix + 'dist_token' in state_dict:
-            held = "a dist_token: the base of mmpretrain's DistilledVisionTransformer"
+            held, keep = "a dist_token: the base of mmpretrain's " \
+                'DistilledVisionTransformer', 'DistilledVisionTransformer'
         elif self.cls_token is not None and tokens and math.isqrt(tokens) ** 2 == tokens:
-            held = (f'a pos_embed of {tokens} patches without a class-token slot: the base of '
-                    "another ViT (mmpretrain's DeiT3 saves it so)")
+            held, keep = (f'a pos_embed of {tokens} patches without a class-token slot: the '
+                          "base of another ViT (mmpretrain's DeiT3 saves it so)"), 'DeiT3'
         else:
             return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         raise InputValueError(f'{type(self).__name__}: the checkpoint holds {held}, which '
-                              'MoPPA does not stand in for: keep that type')
+                              f'MoPPA does not stand in for: keep type={keep!r}')
 
     @property
     def params_not_in_base(self) -> Tuple[str, ...]:

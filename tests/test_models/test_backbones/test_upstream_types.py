@@ -55,7 +55,7 @@ def build_packaged(tmp_path, config, package='mmpretrain', **backbone):
 @pytest.mark.parametrize('config, message', [
     ('deit3/deit3-small-p16_64xb64_in1k.py',  # would be VisionTransformer's 768-d 's'
      "MoPPAVisionTransformer: model.backbone.arch = 's' is a DeiT3 / ViTEVA02 arch (a 384-d "
-     'or 512-d ViT), which MoPPA does not stand in for: keep that type'),
+     "or 512-d ViT), which MoPPA does not stand in for: keep type='DeiT3' (or 'ViTEVA02')"),
     ('deit3/deit3-medium-p16_64xb64_in1k.py', "arch = 'm' is a DeiT3 / ViTEVA02 arch"),
     ('beit/benchmarks/beit-base-p16_8xb128-coslr-100e_in1k.py',
      "model.backbone.use_abs_pos_emb is not an argument of MoPPAVisionTransformer (nor of "
@@ -81,10 +81,10 @@ def test_a_packaged_config_of_a_type_not_covered_stops_before_any_weight(config,
     (DeiT3, 'deit3/deit3-base-p16_64xb64_in1k.py',  # 'b' is VisionTransformer's too
      "the checkpoint holds a pos_embed of 16 patches without a class-token slot: the base "
      "of another ViT (mmpretrain's DeiT3 saves it so), which MoPPA does not stand in for: "
-     'keep that type'),
+     "keep type='DeiT3'"),
     (DistilledVisionTransformer, 'deit/deit-tiny-distilled_4xb256_in1k.py',
      "the checkpoint holds a dist_token: the base of mmpretrain's DistilledVisionTransformer, "
-     'which MoPPA does not stand in for: keep that type'),
+     "which MoPPA does not stand in for: keep type='DistilledVisionTransformer'"),
 ])
 def test_the_base_of_a_vit_not_covered_stops_naming_its_type(upstream, config, message,
                                                              tmp_path):
