@@ -17,6 +17,7 @@ eval mode: :meth:`MoPPAUnit.clear_cache` after assigning ``param.data``).
 import contextlib
 import functools
 from contextvars import ContextVar
+from types import MappingProxyType
 from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -460,7 +461,7 @@ def _expert_products(frequency: torch.Tensor, channel: torch.Tensor) -> torch.Te
 
 # each expert's term of Eq. 11 from its product: a1 exp(-k w^2 t) + a2 cos(c |w| t)
 # into the filter, a3 H1 H2 / (w^2 + eta) into the field
-_TERMS = dict(heat=torch.exp, wave=torch.cos, poisson=lambda product: product)
+_TERMS = MappingProxyType(dict(heat=torch.exp, wave=torch.cos, poisson=lambda product: product))
 
 
 def _mix_experts(frequency: torch.Tensor, channel: torch.Tensor, route: torch.Tensor,
