@@ -474,7 +474,8 @@ def _mix_experts(frequency: torch.Tensor, channel: torch.Tensor, route: torch.Te
     for expert, product, weight in zip(experts, products, route[..., None, None].unbind(-3)):
         term, into = _TERMS[expert](product), 'field' if expert == 'poisson' else 'filter'
         mixed[into] = torch.addcmul(mixed[into], term, weight) if into in mixed else term * weight
-    return tuple(mixed.get(into, torch.zeros_like(products[0])) for into in ('filter', 'field'))
+    return tuple(mixed[into] if into in mixed else torch.zeros_like(products[0])
+                 for into in ('filter', 'field'))
 
 
 class _MixExperts(torch.autograd.Function):
